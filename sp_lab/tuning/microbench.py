@@ -1,0 +1,342 @@
+"""Per-matmul microbenchmarks: the TP matmuls of a model, fused vs unfused.
+
+Every tensor-parallel decoder layer has four matmuls whose neighbouring collective AsyncTP can
+fuse (BACKGROUND section 1):
+
+==========  =================  ============================  =================================
+name        side               local weight ``[K, N]``        fused op
+==========  =================  ============================  =================================
+qkv         all_gather (AG)    ``[H, (nh + 2*nkv)*hd / tp]``  ``fused_all_gather_matmul``
+o_proj      reduce_scatter     ``[nh*hd / tp, H]``            ``fused_matmul_reduce_scatter``
+gate_up     all_gather (AG)    ``[H, 2*I / tp]``              ``fused_all_gather_matmul``
+down        reduce_scatter     ``[I / tp, H]``                ``fused_matmul_reduce_scatter``
+==========  =================  ============================  =================================
+
+``M`` is always the **total** token count of the step (the rows of the full activation): an AG-side
+fused op receives an ``[M/tp, K]`` shard and produces ``[M, N]``; an RS-side one receives ``[M, K]``
+and produces an ``[M/tp, N]`` shard. Both kernels split the M rows into ``tp`` chunks.
+
+Timing follows BACKGROUND section 3: called eagerly, a symmetric-memory fused op costs 0.2-0.33 ms of
+host time, which swamps the kernel at decode sizes, so CUDA timings replay a CUDA graph of several
+calls and take the median per-call time. This module imports only torch at the top so that
+``benchmarks/bench_matmul_h200.py`` runs on machines without polars; DataFrames are built lazily.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    import polars as pl
+
+#: Matmuls whose fusable collective is an all_gather before them (column-parallel).
+AG_SIDE = ("qkv", "gate_up")
+#: Matmuls whose fusable collective is a reduce_scatter after them (row-parallel).
+RS_SIDE = ("o_proj", "down")
+
+#: The ``source`` label of rows that were timed on hardware (as opposed to "simulated").
+MEASURED = "measured"
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class MatmulShape:
+    """One per-rank TP matmul ``[M, K] @ [K, N]`` of a decoder layer (M varies with the batch)."""
+
+    name: str
+    """Which matmul: ``"qkv"``, ``"o_proj"``, ``"gate_up"`` or ``"down"``."""
+    n: int
+    """Output columns of the local weight shard (N)."""
+    k: int
+    """Reduction dimension of the local weight shard (K)."""
+    collective: str
+    """The collective AsyncTP fuses with it: ``"all_gather"`` (before) or ``"reduce_scatter"`` (after)."""
+
+    @property
+    def side(self) -> str:
+        """``"ag"`` for all_gather+matmul, ``"rs"`` for matmul+reduce_scatter."""
+        return "ag" if self.collective == "all_gather" else "rs"
+
+
+def _spec_dims(spec: Any) -> dict[str, int]:
+    """Normalise a model description to hidden/intermediate/heads/kv_heads/head_dim ints.
+
+    Accepts a ``ModelSpec`` (attributes ``num_heads``/``num_kv_heads``), an HF-style dict
+    (``num_attention_heads``/``num_key_value_heads``), or a preset name looked up in
+    ``data/models/<name>.json``.
+    """
+    if isinstance(spec, str):
+        path = _REPO_ROOT / "data" / "models" / f"{spec}.json"
+        if not path.exists():
+            known = sorted(p.stem for p in (path.parent.glob("*.json") if path.parent.exists() else []))
+            raise ValueError(f"unknown model preset {spec!r}; known presets in {path.parent}: {known}")
+        spec = json.loads(path.read_text())
+    if not isinstance(spec, Mapping):
+        spec = spec.to_dict() if hasattr(spec, "to_dict") else vars(spec)
+    aliases = {
+        "hidden_size": ("hidden_size",),
+        "intermediate_size": ("intermediate_size",),
+        "num_heads": ("num_attention_heads", "num_heads"),
+        "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+        "head_dim": ("head_dim",),
+    }
+    dims: dict[str, int] = {}
+    for key, names in aliases.items():
+        value = next((spec[n] for n in names if spec.get(n) is not None), None)
+        if value is None and key == "num_kv_heads":
+            value = dims["num_heads"]  # no GQA field means plain multi-head attention
+        if value is None and key == "head_dim":
+            value = dims["hidden_size"] // dims["num_heads"]
+        if value is None:
+            raise ValueError(f"model spec lacks {names[0]!r} (accepted names: {names}); got keys {sorted(spec)}")
+        dims[key] = int(value)
+    return dims
+
+
+def tp_matmul_shapes(spec: Any, tp: int) -> list[MatmulShape]:
+    """The four fusable per-rank matmul shapes of one decoder layer at tensor-parallel size ``tp``.
+
+    Args:
+        spec: a ``ModelSpec``, a dict with ``hidden_size``, ``intermediate_size``,
+            ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, or a preset name.
+        tp: tensor-parallel size; must divide the attention heads and the intermediate size.
+
+    KV heads fewer than ``tp`` are replicated (one per rank), as vLLM does.
+    """
+    d = _spec_dims(spec)
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    for key in ("num_heads", "intermediate_size"):
+        if d[key] % tp:
+            raise ValueError(f"tp={tp} does not divide {key}={d[key]}; pick a tp among its divisors")
+    heads, hd = d["num_heads"] // tp, d["head_dim"]
+    kv_heads = max(1, d["num_kv_heads"] // tp)
+    hidden, inter = d["hidden_size"], d["intermediate_size"] // tp
+    return [
+        MatmulShape("qkv", n=(heads + 2 * kv_heads) * hd, k=hidden, collective="all_gather"),
+        MatmulShape("o_proj", n=hidden, k=heads * hd, collective="reduce_scatter"),
+        MatmulShape("gate_up", n=2 * inter, k=hidden, collective="all_gather"),
+        MatmulShape("down", n=hidden, k=inter, collective="reduce_scatter"),
+    ]
+
+
+def padded_tokens(m: int, tp: int) -> int:
+    """Tokens after padding ``m`` up to a multiple of ``tp`` (what the SP rewrite does before a reduce_scatter)."""
+    return -(-m // tp) * tp
+
+
+# --------------------------------------------------------------------------------------------- timers
+
+
+def cuda_graph_time_us(fn: Callable[[], Any], *, calls: int = 10, replays: int = 5, warmup: int = 2) -> float:
+    """Median per-call time of ``fn`` in microseconds, from CUDA-graph replays.
+
+    ``fn`` is run eagerly ``warmup`` times (this also lets lazily allocated workspaces, such as the
+    symmetric-memory buffer of the fused ops, exist before capture), then ``calls`` invocations are
+    captured into one graph; each of ``replays`` replays is timed with CUDA events and divided by
+    ``calls``. Capturing several calls amortises the replay launch itself (~a few us).
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()  # first replay pays one-off costs (instantiation, cold caches)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(samples)
+
+
+def wall_time_us(fn: Callable[[], Any], *, calls: int = 3, replays: int = 5, warmup: int = 1) -> float:
+    """Median per-call wall time of ``fn`` in microseconds (CPU timer; synchronises CUDA if used)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(replays):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if sync:
+            sync()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(samples)
+
+
+# ----------------------------------------------------------------------------------- fused / unfused
+
+#: ``fused(a, b, shape) -> out``: ``a`` is what the fused op receives: the ``[M/tp, K]`` shard on the
+#: AG side, the full ``[M, K]`` input on the RS side; ``b`` is the ``[K, N]`` local weight.
+FusedMatmul = Callable[[torch.Tensor, torch.Tensor, MatmulShape], torch.Tensor]
+
+
+def symm_mem_fused_impl(group_name: str) -> FusedMatmul:
+    """The CUDA symmetric-memory fused ops on process group ``group_name`` (symm_mem must be enabled)."""
+
+    def fused(a: torch.Tensor, b: torch.Tensor, shape: MatmulShape) -> torch.Tensor:
+        if shape.side == "ag":
+            _, outs = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group_name, return_A=False)
+            return outs[0]
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name)
+
+    return fused
+
+
+def _default_fused_impl(device: torch.device, group_name: str | None) -> FusedMatmul:
+    if device.type == "cuda":
+        if group_name is None:
+            raise ValueError(
+                "measuring the CUDA fused ops needs group_name= of a process group with symmetric memory "
+                "enabled (see sp_lab.distributed.collectives.maybe_enable_symm_mem), or pass fused_impl="
+            )
+        return symm_mem_fused_impl(group_name)
+    # The CPU chunked implementation lives in the compiler layer (below this one).
+    from sp_lab.compiler import fused_ops  # lazy: heavy, and optional for tests
+
+    if group_name is None:
+        raise ValueError(f"measuring fused ops on {device} needs group_name= (or pass fused_impl=)")
+
+    def fused(a: torch.Tensor, b: torch.Tensor, shape: MatmulShape) -> torch.Tensor:
+        if shape.side == "ag":
+            return fused_ops.fused_all_gather_matmul(a, [b], 0, group_name)[1][0]
+        return fused_ops.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name)
+
+    return fused
+
+
+def _unfused_impl(group: Any, tp: int) -> FusedMatmul:
+    """all_gather -> mm, or mm -> reduce_scatter, on ``group``; a plain mm when there is no peer."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group) if group is not None else 1
+
+    def unfused(a: torch.Tensor, b: torch.Tensor, shape: MatmulShape) -> torch.Tensor:
+        if world == 1:
+            return a @ b
+        if shape.side == "ag":
+            full = a.new_empty(a.shape[0] * world, a.shape[1])
+            dist.all_gather_into_tensor(full, a, group=group)
+            return full @ b
+        out = a @ b
+        shard = out.new_empty(out.shape[0] // world, out.shape[1])
+        dist.reduce_scatter_tensor(shard, out, group=group)
+        return shard
+
+    return unfused
+
+
+def provenance(device: torch.device | str) -> dict[str, str]:
+    """Device name, torch and CUDA versions and a UTC timestamp, attached to every measured row."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def measure_matmuls(
+    shapes: Sequence[MatmulShape],
+    token_counts: Iterable[int],
+    tp: int,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    fused_impl: FusedMatmul | None = None,
+    unfused_impl: FusedMatmul | None = None,
+    group: Any = None,
+    group_name: str | None = None,
+    calls: int | None = None,
+    replays: int = 5,
+    seed: int = 0,
+) -> pl.DataFrame:
+    """Time the unfused and the fused form of each TP matmul at each token count.
+
+    Args:
+        shapes: per-rank shapes (``tp_matmul_shapes``).
+        token_counts: total tokens M per step; each is padded up to a multiple of ``tp``.
+        tp: tensor-parallel size of the shapes (and of ``group`` when one is given).
+        device: ``"cuda"`` times CUDA-graph replays; anything else times wall clock.
+        fused_impl: ``fused(a, b, shape)`` (see :data:`FusedMatmul`); default: the symm_mem ops on
+            CUDA, ``sp_lab.compiler.fused_ops`` elsewhere. Tests pass a stand-in.
+        unfused_impl: same signature; default: collective + ``mm`` on ``group`` (plain ``mm`` without one).
+        group, group_name: the process group the collectives run on.
+
+    Returns:
+        One row per (shape, M): ``m, m_padded, n, k, tp, name, side, unfused_us, fused_us, ratio``
+        (fused / unfused; < 1 means fusion pays), ``error``, and provenance ``device, torch, cuda,
+        date, dtype, timer, source="measured"``.
+    """
+    import polars as pl  # kept lazy: see module docstring
+
+    device = torch.device(device)
+    fused_impl = fused_impl or _default_fused_impl(device, group_name)
+    unfused_impl = unfused_impl or _unfused_impl(group, tp)
+    on_cuda = device.type == "cuda"
+    timer_name = "cuda_graph" if on_cuda else "wall"
+    prov = provenance(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rows = []
+    for shape in shapes:
+        b = torch.randn(shape.k, shape.n, generator=gen, dtype=torch.float32).to(device, dtype)
+        for m in token_counts:
+            m_pad = padded_tokens(m, tp)
+            a_full = torch.randn(m_pad, shape.k, generator=gen, dtype=torch.float32).to(device, dtype)
+            # The fused AG op sees this rank's shard; the RS op the full partial-sum input.
+            a_fused = a_full[: m_pad // tp] if shape.side == "ag" else a_full
+            a_unfused = a_fused
+            n_calls = calls or (10 if on_cuda else max(1, min(5, int(2e8 // max(1, m_pad * shape.k * shape.n)))))
+            timer = cuda_graph_time_us if on_cuda else wall_time_us
+            row: dict[str, Any] = {"m": m, "m_padded": m_pad, "n": shape.n, "k": shape.k, "tp": tp,
+                                   "name": shape.name, "side": shape.side, "unfused_us": None,
+                                   "fused_us": None, "error": None}
+            try:
+                row["unfused_us"] = timer(partial(unfused_impl, a_unfused, b, shape), calls=n_calls, replays=replays)
+                row["fused_us"] = timer(partial(fused_impl, a_fused, b, shape), calls=n_calls, replays=replays)
+            except Exception as exc:  # noqa: BLE001  (one failing shape must not lose the others)
+                row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            rows.append(row)
+    df = pl.DataFrame(rows, schema_overrides={"unfused_us": pl.Float64, "fused_us": pl.Float64, "error": pl.Utf8})
+    return df.with_columns(
+        ratio=pl.col("fused_us") / pl.col("unfused_us"),
+        dtype=pl.lit(str(dtype).removeprefix("torch.")),
+        timer=pl.lit(timer_name),
+        source=pl.lit(MEASURED),
+        **{k: pl.lit(v) for k, v in prov.items()},
+    )
+
+
+def arithmetic_intensity(m: float, n: float, k: float, dtype_bytes: int = 2) -> float:
+    """FLOP per byte of ``[m,k] @ [k,n]`` reading both inputs and writing the output once."""
+    return 2.0 * m * n * k / (dtype_bytes * (m * k + k * n + m * n))
+
+
+def tflops(m: int, n: int, k: int, us: float) -> float:
+    """Achieved TFLOP/s of an ``[m,k] @ [k,n]`` matmul that took ``us`` microseconds."""
+    return 2.0 * m * n * k / (us * 1e-6) / 1e12 if us and not math.isnan(us) else float("nan")
