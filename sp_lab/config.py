@@ -1,0 +1,628 @@
+"""What to compile (:class:`LabConfig`), what will really run here (:class:`EffectiveConfig`), and the
+config's JSON and vLLM forms.
+
+The requested and the effective configuration are kept apart on purpose: vLLM once echoed
+``fuse_gemm_comms=true`` and then ran with it off, silently (BACKGROUND section 6). Here
+:func:`enable_sp_and_async_tp` returns what will run, with one reason for every requested feature it
+dropped or changed, and the compile report shows both side by side.
+
+This module imports torch only inside :func:`enable_sp_and_async_tp` and :func:`export_tuned_config`,
+so loading and editing configs (a notebook that only reads results) stays cheap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import datetime
+import difflib
+import functools
+import json
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from sp_lab.rules import MatmulRule, RuleError
+
+__all__ = [
+    "ConfigError",
+    "EffectiveConfig",
+    "LabConfig",
+    "enable_sp_and_async_tp",
+    "export_tuned_config",
+    "load_tuned_config",
+    "tuned_config_filename",
+    "vllm_sp_min_token_num",
+]
+
+CompileMode = Literal["piecewise", "full_graph"]
+Boundary = Literal["none", "gather_erase", "gather", "sharded"]
+HeuristicDefault = Literal["fuse", "no_fuse"]
+
+SCHEMA = "sp_lab.config/1"
+
+# "namespace::op" with an optional overload ("aten::mm.default"), as torch.library names ops.
+_QUALIFIED_OP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+# vLLM's default CUDA-graph ladder starts 1, 2, 4, 8 and grows; powers of two up to 512 keep the
+# capture count (and capture memory) small while covering decode batch sizes.
+_DEFAULT_CAPTURE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class ConfigError(ValueError):
+    """A configuration value, combination or file is invalid. The message names the field and the fix."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class LabConfig:
+    """How to compile a TP model with Sequence Parallelism (SP) and AsyncTP.
+
+    Token counts are split into inclusive compile ranges (:meth:`compile_ranges`); each range gets
+    its own compiled artifact, and SP/AsyncTP are applied only to ranges at or above
+    ``async_tp_min_tokens`` (:meth:`sp_active_for`).
+    """
+
+    tp_size: int = 2
+    """Tensor-parallel group size; must equal the world size of the process group at compile time."""
+
+    enable_sp: bool = True
+    """Rewrite ``all_reduce -> norm`` into ``reduce_scatter -> norm on 1/tp of the tokens -> all_gather``."""
+
+    enable_async_tp: bool = True
+    """Fuse SP's all_gather/reduce_scatter with the neighbouring matmuls (needs ``enable_sp``)."""
+
+    async_tp_min_tokens: int = 128
+    """Smallest token count that gets SP and AsyncTP; below it both are off for that token range.
+    128 is the draft's hand-picked default; ``sp_lab.tuning.threshold`` recommends a measured one."""
+
+    compile_mode: CompileMode = "piecewise"
+    """``"piecewise"``: split the graph at ``splitting_ops`` and compile each piece (vLLM's default);
+    ``"full_graph"``: compile one graph, no piece boundaries."""
+
+    splitting_ops: list[str] = dataclasses.field(default_factory=lambda: ["sp_lab::attention"])
+    """Qualified custom ops (``"namespace::name"``) the graph is split at in piecewise mode."""
+
+    boundary: Boundary = "sharded"
+    """How the residual crosses a piece boundary once SP shards it (piecewise mode only):
+    ``"none"``: no fix-up (reproduces the ``assert_size_stride`` / ``copy_`` failures);
+    ``"gather_erase"``: the unmerged vLLM draft -- all-gather shrunken outputs and erase mismatched
+    ``copy_`` (silently wrong for in-place residuals); ``"gather"``: all-gather, keeping the ``copy_``;
+    ``"sharded"``: SP on the whole graph before splitting, so pieces are compiled for sharded inputs."""
+
+    compile_range_split_points: list[int] = dataclasses.field(default_factory=list)
+    """Extra token boundaries: each point ``p`` starts a new compile range ``[p, ...]``. Sorted and
+    de-duplicated on construction; every point must lie in ``(1, max_num_tokens]``."""
+
+    max_num_tokens: int = 16384
+    """Largest token count any call may have (the top of the last compile range)."""
+
+    cudagraphs: bool = False
+    """Capture CUDA graphs per piece and capture size (GPU only; dropped with a reason on CPU)."""
+
+    cudagraph_capture_sizes: list[int] | None = None
+    """Token counts to capture; ``None`` means :meth:`resolved_capture_sizes`' default ladder
+    (1, 2, 4, ..., 512, capped at ``max_num_tokens``)."""
+
+    heuristic: MatmulRule | None = None
+    """Per-matmul fusion rule, consulted for every AsyncTP candidate in an SP range; ``None`` fuses
+    every candidate. Filled in by tuning (``sp_lab.tuning.train``)."""
+
+    heuristic_default: HeuristicDefault = "fuse"
+    """What the AsyncTP gate does when the rule answers ``"unsure"`` or a matmul's shapes cannot be read."""
+
+    def __post_init__(self) -> None:
+        hints = _field_types(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            _check_type(f.name, value, hints[f.name])
+            if isinstance(value, tuple):  # accepted for convenience; stored as a list like JSON
+                setattr(self, f.name, list(value))
+        self._check_values()
+        # Normalise so that equal configs compare equal and serialise identically.
+        self.compile_range_split_points = sorted(set(self.compile_range_split_points))
+        if self.cudagraph_capture_sizes is not None:
+            self.cudagraph_capture_sizes = sorted(set(self.cudagraph_capture_sizes))
+
+    def _check_values(self) -> None:
+        if self.tp_size < 1:
+            raise ConfigError(f"tp_size: must be >= 1, got {self.tp_size}")
+        if self.enable_async_tp and not self.enable_sp:
+            raise ConfigError(
+                "enable_async_tp=True needs enable_sp=True: AsyncTP fuses the reduce_scatter/all_gather "
+                "that SP creates: set enable_sp=True (or enable_async_tp=False)"
+            )
+        if self.max_num_tokens < 1:
+            raise ConfigError(f"max_num_tokens: must be >= 1, got {self.max_num_tokens}")
+        if not 1 <= self.async_tp_min_tokens <= self.max_num_tokens:
+            raise ConfigError(
+                f"async_tp_min_tokens: must be in [1, max_num_tokens={self.max_num_tokens}], got "
+                f"{self.async_tp_min_tokens}; to keep SP off for every size set enable_sp=False instead"
+            )
+        for i, ops in enumerate(self.splitting_ops):
+            if not _QUALIFIED_OP.match(ops):
+                raise ConfigError(
+                    f"splitting_ops[{i}]: {ops!r} is not a qualified op name 'namespace::name' "
+                    "(e.g. 'sp_lab::attention', 'vllm::unified_attention')"
+                )
+        for i, p in enumerate(self.compile_range_split_points):
+            if not 1 < p <= self.max_num_tokens:
+                raise ConfigError(
+                    f"compile_range_split_points[{i}]: {p} is outside (1, max_num_tokens={self.max_num_tokens}]; "
+                    "a split point p starts the range [p, ...], so it must be in 2..max_num_tokens"
+                )
+        if self.cudagraph_capture_sizes is not None:
+            if not self.cudagraph_capture_sizes:
+                raise ConfigError(
+                    "cudagraph_capture_sizes: empty list; use None for the default ladder or cudagraphs=False"
+                )
+            for i, size in enumerate(self.cudagraph_capture_sizes):
+                if not 1 <= size <= self.max_num_tokens:
+                    raise ConfigError(
+                        f"cudagraph_capture_sizes[{i}]: {size} is outside [1, max_num_tokens={self.max_num_tokens}]"
+                    )
+
+    def notes(self) -> list[str]:
+        """Settings that are valid but have no effect in this combination (reported, never rejected)."""
+        notes = []
+        if self.compile_mode == "full_graph":
+            if self.boundary != "sharded":
+                notes.append(
+                    f"boundary={self.boundary!r} has no effect with compile_mode='full_graph': "
+                    "there are no piece boundaries"
+                )
+            if self.splitting_ops != ["sp_lab::attention"]:
+                notes.append("splitting_ops are ignored with compile_mode='full_graph'")
+        elif not self.splitting_ops:
+            notes.append("splitting_ops is empty: compile_mode='piecewise' compiles one piece, as 'full_graph'")
+        if self.heuristic is not None and not self.enable_async_tp:
+            notes.append("heuristic is unused: enable_async_tp=False")
+        if self.cudagraph_capture_sizes is not None and not self.cudagraphs:
+            notes.append("cudagraph_capture_sizes is unused: cudagraphs=False")
+        return notes
+
+    # -- compile ranges -----------------------------------------------------------------------------
+
+    def compile_ranges(self) -> list[tuple[int, int]]:
+        """Inclusive token ranges ``[(lo, hi), ...]`` covering ``1..max_num_tokens``, in order.
+
+        ``[1, async_tp_min_tokens - 1]`` and ``[async_tp_min_tokens, max_num_tokens]``, each further
+        split at ``compile_range_split_points``. The ``async_tp_min_tokens`` boundary is kept even with
+        ``enable_sp=False`` so an SP-off baseline compiles exactly the ranges of the run it is compared with.
+
+        >>> LabConfig(async_tp_min_tokens=128, compile_range_split_points=[1024], max_num_tokens=4096).compile_ranges()
+        [(1, 127), (128, 1023), (1024, 4096)]
+        """
+        starts = sorted({1, self.async_tp_min_tokens, *self.compile_range_split_points})
+        ends = [s - 1 for s in starts[1:]] + [self.max_num_tokens]
+        return list(zip(starts, ends, strict=True))
+
+    def range_for(self, num_tokens: int) -> tuple[int, int]:
+        """The compile range ``(lo, hi)`` that serves a call with ``num_tokens`` tokens."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+            raise TypeError(f"num_tokens: expected int, got {type(num_tokens).__name__} {num_tokens!r}")
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens={num_tokens}: a call needs at least 1 token")
+        if num_tokens > self.max_num_tokens:
+            raise ValueError(
+                f"num_tokens={num_tokens} exceeds max_num_tokens={self.max_num_tokens}: "
+                "raise LabConfig.max_num_tokens or split the batch"
+            )
+        ranges = self.compile_ranges()
+        return ranges[bisect.bisect_right([lo for lo, _ in ranges], num_tokens) - 1]
+
+    def sp_active_for(self, compile_range: tuple[int, int]) -> bool:
+        """Whether SP is applied to the artifact for ``compile_range`` (a member of :meth:`compile_ranges`)."""
+        lo, hi = compile_range
+        if lo < self.async_tp_min_tokens <= hi:
+            raise ValueError(
+                f"compile range {compile_range} straddles async_tp_min_tokens={self.async_tp_min_tokens}; "
+                f"use a range from compile_ranges(): {self.compile_ranges()}"
+            )
+        return self.enable_sp and lo >= self.async_tp_min_tokens
+
+    def async_tp_active_for(self, compile_range: tuple[int, int]) -> bool:
+        """Whether AsyncTP fusion is attempted in the artifact for ``compile_range``."""
+        return self.enable_async_tp and self.sp_active_for(compile_range)
+
+    def resolved_capture_sizes(self) -> list[int]:
+        """``cudagraph_capture_sizes``, or the default ladder 1, 2, 4, ..., 512 capped at ``max_num_tokens``."""
+        if self.cudagraph_capture_sizes is not None:
+            return list(self.cudagraph_capture_sizes)
+        return [s for s in _DEFAULT_CAPTURE_LADDER if s <= self.max_num_tokens]
+
+    # -- serialisation ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON types (``heuristic`` as :meth:`MatmulRule.to_dict` or ``None``)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["heuristic"] = None if self.heuristic is None else self.heuristic.to_dict()
+        return {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LabConfig:
+        """Inverse of :meth:`to_dict`. Unknown fields and wrong types raise :class:`ConfigError`."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"LabConfig: expected a dict of fields, got {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in d:
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(names)}"
+                raise ConfigError(f"unknown field {key!r}; {hint}")
+        kwargs = dict(d)
+        rule = kwargs.get("heuristic")
+        if isinstance(rule, dict):
+            try:
+                kwargs["heuristic"] = MatmulRule.from_dict(rule)
+            except RuleError as e:
+                raise ConfigError(f"heuristic: {e}") from None
+        return cls(**kwargs)
+
+    def to_vllm(self) -> dict[str, Any]:
+        """This config as a vLLM ``--compilation-config`` JSON object.
+
+        ``sp_min_token_num`` carries ``async_tp_min_tokens``: vLLM gates SP and AsyncTP at one token
+        threshold, as sp_lab does. sp_lab's per-matmul ``heuristic`` and ``boundary`` have no vLLM
+        equivalent and live only in the ``sp_lab`` section of an exported file.
+        """
+        if not self.cudagraphs:
+            cudagraph_mode = "NONE"
+        else:
+            cudagraph_mode = "FULL" if self.compile_mode == "full_graph" else "PIECEWISE"
+        return {
+            # Current vLLM names. Older releases spelled these pass_config.enable_sequence_parallelism
+            # and pass_config.enable_async_tp, and had no sp_min_token_num.
+            "pass_config": {
+                "enable_sp": self.enable_sp,
+                "fuse_gemm_comms": self.enable_async_tp,
+                "sp_min_token_num": self.async_tp_min_tokens,
+            },
+            # vLLM spells a full-graph compile as an empty splitting_ops list.
+            "splitting_ops": list(self.splitting_ops) if self.compile_mode == "piecewise" else [],
+            # Empty: compile once per range for symbolic sizes, not once per concrete size.
+            "compile_sizes": [],
+            "cudagraph_mode": cudagraph_mode,
+        }
+
+    def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None) -> str:
+        """The tuned-config file as JSON text; also written to ``path`` when given.
+
+        ``{"schema": "sp_lab.config/1", "vllm": to_vllm(), "sp_lab": to_dict(), "provenance": {...}}``
+        (``provenance`` only when given). The ``vllm`` section is derived; :meth:`from_json` reads
+        ``sp_lab`` and checks that ``vllm`` still agrees with it.
+        """
+        doc: dict[str, Any] = {"schema": SCHEMA, "vllm": self.to_vllm(), "sp_lab": self.to_dict()}
+        if provenance is not None:
+            doc["provenance"] = provenance
+        text = json.dumps(doc, indent=2) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path) -> LabConfig:
+        """Load a file written by :meth:`to_json` / :func:`export_tuned_config`, or a bare dict of fields,
+        from a path or from JSON text."""
+        return load_tuned_config(path_or_text)[0]
+
+
+def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, Any]]:
+    """Like :meth:`LabConfig.from_json`, also returning the file's ``provenance`` (``{}`` if none)."""
+    text = _read_json_text(path_or_text)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config: expected a JSON object, got {type(doc).__name__}")
+    if "schema" not in doc:
+        return LabConfig.from_dict(doc), {}
+    if doc["schema"] != SCHEMA:
+        raise ConfigError(f"schema: expected {SCHEMA!r}, got {doc['schema']!r}")
+    unknown = set(doc) - {"schema", "vllm", "sp_lab", "provenance"}
+    if unknown:
+        raise ConfigError(f"unknown top-level keys {sorted(unknown)}; expected schema, vllm, sp_lab, provenance")
+    if "sp_lab" not in doc:
+        raise ConfigError("sp_lab: missing; the 'sp_lab' section holds the LabConfig fields")
+    config = LabConfig.from_dict(doc["sp_lab"])
+    if "vllm" in doc:
+        for path, got, want in _diff(doc["vllm"], config.to_vllm(), "vllm"):
+            raise ConfigError(
+                f"{path}: the file says {got!r} but its sp_lab section gives {want!r}; the vllm section is "
+                "derived from sp_lab -- edit the sp_lab section (or delete the vllm section)"
+            )
+    provenance = doc.get("provenance", {})
+    if not isinstance(provenance, dict):
+        raise ConfigError(f"provenance: expected a dict, got {type(provenance).__name__}")
+    return config, provenance
+
+
+# -- exported tuned configs ---------------------------------------------------------------------------
+
+
+def tuned_config_filename(*, device_name: str, tp_size: int, model: str, dtype: str) -> str:
+    """``device_name=NVIDIA_H200,tp=2,model=llama-3-8b,dtype=bfloat16.json`` (vLLM's fused-MoE naming)."""
+    parts = {"device_name": device_name, "tp": str(tp_size), "model": model, "dtype": dtype}
+    # Keep names portable: spaces (vLLM does the same for device names), '/', ',' and '=' become '_'.
+    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._-]+', '_', v)}" for k, v in parts.items()) + ".json"
+
+
+def export_tuned_config(
+    config: LabConfig,
+    *,
+    directory: str | Path,
+    device_name: str,
+    model_spec: dict[str, Any],
+    dtype: Any,
+    data_hash: str,
+    extra_provenance: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``config`` as one JSON file per device, TP size, model shape and dtype; return its path.
+
+    ``model_spec``: ``ModelSpec.to_dict()`` (needs a ``"name"``); ``dtype``: ``torch.bfloat16`` or
+    ``"bfloat16"``; ``data_hash``: hash of the benchmark rows the config was tuned on.
+    """
+    import torch
+
+    if hasattr(model_spec, "to_dict"):
+        model_spec = model_spec.to_dict()
+    if not isinstance(model_spec, dict) or not model_spec.get("name"):
+        raise ConfigError(f"model_spec: expected a dict with a 'name' (ModelSpec.to_dict()), got {model_spec!r:.80}")
+    dtype_name = str(dtype).removeprefix("torch.")
+    provenance = {
+        "device": device_name,
+        "tp_size": config.tp_size,
+        "model": model_spec,
+        "dtype": dtype_name,
+        "torch": torch.__version__,
+        "data_hash": data_hash,
+        "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    clash = set(extra_provenance or {}) & set(provenance)
+    if clash:
+        raise ConfigError(f"extra_provenance: keys {sorted(clash)} are set by export_tuned_config itself")
+    provenance.update(extra_provenance or {})
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = tuned_config_filename(
+        device_name=device_name, tp_size=config.tp_size, model=str(model_spec["name"]), dtype=dtype_name
+    )
+    path = directory / name
+    config.to_json(path, provenance=provenance)
+    return path
+
+
+def vllm_sp_min_token_num(
+    hidden_size: int, dtype_bytes: int, tp_size: int, device_capability: tuple[int, int] = (9, 0)
+) -> int | None:
+    """vLLM's default SP token threshold (BACKGROUND section 3), for comparison with a tuned one.
+
+    ``min_tokens = MB * tp * 2**20 // (hidden * bytes)``: SP turns on once one rank's share of the
+    activation reaches MB MiB, with MB = 8 on Hopper (sm90) and 32 on Blackwell (sm100). Returns
+    ``None`` (SP off) when ``hidden_size < 8192`` or for a device family the rule does not cover.
+    Llama-70B (hidden 8192) in bf16 on Hopper: 1024 at TP=2, 2048 at TP=4, 4096 at TP=8.
+    """
+    mib_by_major = {9: 8, 10: 32}
+    if hidden_size < 8192 or device_capability[0] not in mib_by_major:
+        return None
+    return mib_by_major[device_capability[0]] * tp_size * 2**20 // (hidden_size * dtype_bytes)
+
+
+# -- what will really run ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True)
+class EffectiveConfig:
+    """What :func:`enable_sp_and_async_tp` found will really run in this process."""
+
+    enable_sp: bool
+    """SP is applied (in ranges at or above ``async_tp_min_tokens``)."""
+    enable_async_tp: bool
+    """AsyncTP fusion is applied (in SP ranges, subject to the heuristic)."""
+    reasons: list[str]
+    """One ``"<field>: <why>"`` line for every requested feature that was dropped or changed."""
+    backend: str
+    """Process-group backend: ``"gloo"``, ``"nccl"``, ``"fake"`` or ``"none"`` (no group)."""
+    device: str
+    """Device the model runs on: ``"cpu"`` or ``"cuda:<index>"``."""
+    fused_op_impl: Literal["symm_mem", "cpu_chunked", "none"]
+    """Fused-op implementation AsyncTP inserts: PyTorch's symmetric-memory kernels (CUDA),
+    sp_lab's chunked reference ops (CPU; a correctness path, no overlap), or none."""
+    symm_mem: bool
+    """Symmetric memory is enabled for the TP group."""
+    cudagraphs: bool
+    """CUDA graphs are captured."""
+    tp_size: int
+    """Ranks in the TP group (1 without a process group)."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Requested settings that are valid but have no effect (:meth:`LabConfig.notes`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain JSON types."""
+        return dataclasses.asdict(self)
+
+
+def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveConfig:
+    """Check ``config`` against this process (torch.distributed, CUDA) and return what will run.
+
+    ``group``: the TP process group (default: WORLD). A world size that differs from
+    ``config.tp_size`` raises :class:`ConfigError`; every other shortfall drops the feature and says why.
+    Under an NCCL group with AsyncTP requested this enables symmetric memory for the group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    reasons: list[str] = []
+    sp, async_tp = config.enable_sp, config.enable_async_tp
+
+    def drop_sp_and_async_tp(why: str) -> None:
+        nonlocal sp, async_tp
+        if sp:
+            reasons.append(f"enable_sp: {why}")
+        if async_tp:
+            reasons.append(f"enable_async_tp: {why}")
+        sp = async_tp = False
+
+    initialised = dist.is_available() and dist.is_initialized()
+    if group is not None and not initialised:
+        raise ConfigError("group was given but torch.distributed is not initialised; call init_process_group first")
+
+    if not initialised:
+        backend, tp_size = "none", 1
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        if config.tp_size == 1:
+            drop_sp_and_async_tp("tp_size 1: no collectives to rewrite")
+        else:
+            drop_sp_and_async_tp(
+                f"no process group is initialised (tp_size={config.tp_size} requested): run under "
+                f"sp_lab.launch(..., world_size={config.tp_size}) or inside "
+                f"sp_lab.distributed.collectives.fake_process_group({config.tp_size})"
+            )
+    else:
+        tp_size = dist.get_world_size(group)
+        if tp_size != config.tp_size:
+            raise ConfigError(
+                f"tp_size: config asks for {config.tp_size} ranks but the process group has {tp_size}; "
+                f"set LabConfig(tp_size={tp_size}) or launch {config.tp_size} ranks"
+            )
+        backend = _backend_name(dist.get_backend(group), cuda=torch.cuda.is_available())
+        if backend == "nccl" or (backend != "gloo" and torch.cuda.is_available()):
+            device = f"cuda:{torch.cuda.current_device()}"
+        else:
+            device = "cpu"
+        if tp_size == 1:
+            drop_sp_and_async_tp("tp_size 1: no collectives to rewrite")
+
+    fused_op_impl, symm_mem = "none", False
+    if sp and backend == "fake":
+        reasons.append(
+            "enable_sp: fake process group: SP and AsyncTP are kept so graphs can be traced and inspected, "
+            "but collectives return placeholder data -- use the results for graphs, never for numbers"
+        )
+    if async_tp:
+        if backend in ("fake", "gloo"):
+            fused_op_impl = "cpu_chunked"
+            if backend == "gloo":
+                reasons.append(
+                    "enable_async_tp: gloo has no symmetric memory: AsyncTP runs sp_lab's CPU chunked fused "
+                    "ops, a correctness path with no communication/compute overlap -- time it on NCCL"
+                )
+        elif backend == "nccl":
+            symm_mem, why = _maybe_enable_symm_mem(group)
+            if symm_mem:
+                fused_op_impl = "symm_mem"
+            else:
+                async_tp = False
+                reasons.append(f"enable_async_tp: symmetric memory unavailable for the TP group: {why}")
+        else:
+            async_tp = False
+            reasons.append(
+                f"enable_async_tp: backend {backend!r} has no fused-op implementation in sp_lab "
+                "(supported: nccl with symmetric memory, gloo, fake)"
+            )
+
+    cudagraphs = config.cudagraphs
+    if cudagraphs and not torch.cuda.is_available():
+        cudagraphs = False
+        reasons.append(f"cudagraphs: CUDA is not available (torch {torch.__version__}): pieces run without CUDA graphs")
+    elif cudagraphs and not device.startswith("cuda"):
+        cudagraphs = False
+        reasons.append(f"cudagraphs: the model runs on {device} (backend {backend}); CUDA graphs capture CUDA work only")
+
+    return EffectiveConfig(
+        enable_sp=sp,
+        enable_async_tp=async_tp,
+        reasons=reasons,
+        backend=backend,
+        device=device,
+        fused_op_impl=fused_op_impl,
+        symm_mem=symm_mem,
+        cudagraphs=cudagraphs,
+        tp_size=tp_size,
+        notes=config.notes(),
+    )
+
+
+def _maybe_enable_symm_mem(group: Any) -> tuple[bool, str]:
+    # Imported lazily: the distributed layer may not be installed in every checkout of this module's
+    # callers, and a missing helper must read as "unavailable, because ..." rather than a crash.
+    try:
+        from sp_lab.distributed.collectives import maybe_enable_symm_mem
+    except ImportError as e:
+        return False, f"sp_lab.distributed.collectives.maybe_enable_symm_mem cannot be imported ({e})"
+    return maybe_enable_symm_mem(group)
+
+
+def _backend_name(raw: Any, *, cuda: bool) -> str:
+    """``"gloo"``/``"nccl"``/``"fake"`` from ``dist.get_backend``, resolving ``"cpu:gloo,cuda:nccl"`` by device."""
+    name = str(raw).lower()
+    if ":" not in name:
+        return name
+    by_device = dict(part.split(":", 1) for part in name.split(","))
+    return by_device.get("cuda" if cuda and "cuda" in by_device else "cpu", name)
+
+
+# -- validation helpers ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_type(name: str, value: Any, expected: Any) -> None:
+    """Raise ConfigError ``"<name>: expected <type>, got <type> <value>"`` unless ``value`` fits ``expected``."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin is Literal:
+        if not isinstance(value, str) or value not in args:
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{name}: expected one of {', '.join(map(repr, args))}, got {type(value).__name__} {value!r}{hint}"
+            )
+        return
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        (inner,) = [a for a in args if a is not type(None)]
+        if value is not None and (typing.get_origin(inner) is not None or isinstance(value, inner)):
+            _check_type(name, value, inner)
+            return
+    elif origin is list:
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                _check_type(f"{name}[{i}]", item, args[0])
+            return
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return
+    elif isinstance(value, expected):
+        return
+    raise ConfigError(f"{name}: expected {_type_name(expected)}, got {type(value).__name__} {value!r:.80}")
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("sp_lab.rules.", "")
+
+
+def _diff(got: Any, want: Any, path: str):
+    """Yield ``(path, got, want)`` for every leaf where two JSON values differ."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want)):
+            yield from _diff(got.get(key), want.get(key), f"{path}.{key}")
+    elif got != want or type(got) is not type(want):
+        yield path, got, want
+
+
+def _read_json_text(path_or_text: str | Path) -> str:
+    """JSON text from either a path or the text itself (text starts with ``{``)."""
+    if isinstance(path_or_text, str) and path_or_text.lstrip().startswith("{"):
+        return path_or_text
+    path = Path(path_or_text)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such config file: {str(path)!r} (pass a path to an existing file or JSON text)")
+    return path.read_text()
