@@ -1,0 +1,276 @@
+"""sp_lab.launch: results, errors, timeouts and clean-up, on 2 CPU ranks with gloo.
+
+Each launch starts fresh interpreters (~3 s on 2 cores), so every test here earns its launch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import sp_lab
+from sp_lab.distributed import LaunchTimeout, RankError, resolve_backend
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers: what is still alive
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, state) for every process, read from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # exited while we looked
+            continue
+        # The command name is in parentheses and may hold spaces; fields after it are fixed.
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        table[int(entry)] = (int(ppid), state)
+    return table
+
+
+def _live_descendants(pid: int) -> list[int]:
+    table = _process_table()
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, state) in table.items():
+            if ppid == parent and state != "Z":
+                found.append(child)
+                frontier.append(child)
+    return found
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every test must leave no worker (or worker's child) behind."""
+    before = set(_live_descendants(os.getpid()))
+    yield
+    deadline = time.monotonic() + 2.0  # reaping is synchronous in launch(), but be fair to the kernel
+    while (left := set(_live_descendants(os.getpid())) - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"launch() left processes behind: {sorted(left)}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Functions the ranks run. Module-level ones travel by reference (this module is importable in the
+# workers because they inherit sys.path); closures and lambdas travel by value.
+
+
+def _allreduce_job(scale: float, *, add: float = 0.0) -> dict:
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "value": scale * t.item() + add,
+        "tensor": torch.full((2,), float(dist.get_rank())),
+        "nvls": os.environ.get("NCCL_NVLS_ENABLE"),
+        "multicast": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _torchrun_job(tag: str) -> tuple:
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return tag, dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), t.item()
+
+
+def _raise_on_rank_1() -> None:
+    if dist.get_rank() == 1:
+        raise ValueError("bad shard on purpose")
+    dist.barrier()
+
+
+def _hang_on_rank_1(pid_file: str) -> int:
+    if dist.get_rank() == 1:
+        # A grandchild too: clean-up must take the whole tree, not just the rank.
+        sleeper = subprocess.Popen(["sleep", "600"])
+        Path(pid_file).write_text(str(sleeper.pid))
+        while True:
+            time.sleep(0.1)
+    return dist.get_rank()
+
+
+def _sigkill_rank_1() -> None:
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def _return_unpicklable() -> object:
+    return threading.Lock()
+
+
+def _sleep_forever() -> None:
+    while True:
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results
+
+
+def test_results_come_back_in_rank_order_with_args_and_kwargs():
+    results = sp_lab.launch(_allreduce_job, 10.0, add=1.0, world_size=2, backend="gloo", timeout=60)
+
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world_size"] == 2 and r["backend"] == "gloo" for r in results)
+    assert [r["value"] for r in results] == [31.0, 31.0]  # 10 * (1 + 2) + 1 on every rank
+    assert torch.equal(results[1]["tensor"], torch.tensor([1.0, 1.0]))
+    # NVLink multicast is kept off in every rank; CPU ranks split the cores between them.
+    assert {(r["nvls"], r["multicast"]) for r in results} == {("0", "1")}
+    expected_threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert {r["threads"] for r in results} == {expected_threads}
+
+
+def test_closures_and_lambdas_travel_by_value():
+    offset = 100  # captured: the closure cannot be found by name in the workers
+
+    def closure(x, transform):
+        return transform(dist.get_rank()) + x + offset
+
+    # A lambda as an argument, too.
+    assert sp_lab.launch(closure, 1, lambda r: 10 * r, world_size=2, timeout=60) == [101, 111]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Failures
+
+
+def test_a_raising_rank_surfaces_its_rank_and_traceback():
+    with pytest.raises(RankError) as info:
+        sp_lab.launch(_raise_on_rank_1, world_size=2, timeout=60)
+    error = info.value
+    assert isinstance(error, RuntimeError)
+    assert error.rank == 1
+    assert "rank 1 raised ValueError: bad shard on purpose" in str(error)
+    assert "_raise_on_rank_1" in error.traceback and "_raise_on_rank_1" in str(error)
+    assert error.exitcode is None
+
+
+def test_a_sigkilled_rank_is_named_with_its_signal():
+    with pytest.raises(RankError) as info:
+        sp_lab.launch(_sigkill_rank_1, world_size=2, timeout=60)
+    error = info.value
+    assert error.rank == 1
+    assert error.exitcode == -signal.SIGKILL
+    assert error.signal == signal.SIGKILL
+    assert "rank 1" in str(error) and "SIGKILL" in str(error)
+
+
+def test_a_hung_rank_times_out_and_its_process_tree_is_killed(tmp_path):
+    pid_file = tmp_path / "sleeper.pid"
+    timeout = 10.0
+    started = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        sp_lab.launch(_hang_on_rank_1, str(pid_file), world_size=2, timeout=timeout)
+    elapsed = time.monotonic() - started
+
+    error = info.value
+    assert isinstance(error, TimeoutError) and isinstance(error, RuntimeError)
+    assert 1 in error.ranks and error.timeout == timeout
+    assert "rank(s) 1" in str(error) and "10 s" in str(error)
+    assert "_hang_on_rank_1" in error.stacks[1]  # where it was stuck, from faulthandler
+    # Deadline, stack dump (~1 s) and SIGTERM grace (<= 3 s) at most.
+    assert timeout <= elapsed < timeout + 6.0
+    sleeper = int(pid_file.read_text())
+    deadline = time.monotonic() + 2.0
+    while _is_alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _is_alive(sleeper), "the hung rank's child process survived clean-up"
+
+
+def test_an_unpicklable_result_is_reported_as_such():
+    with pytest.raises(RankError, match="must be picklable"):
+        sp_lab.launch(_return_unpicklable, world_size=1, timeout=60)
+
+
+def test_ctrl_c_in_the_caller_kills_the_workers():
+    # A real SIGINT, as a notebook's "interrupt kernel" sends, once the workers are up.
+    timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sp_lab.launch(_sleep_forever, world_size=2, timeout=60)
+    finally:
+        timer.cancel()
+    # no_leftover_processes checks that the workers are gone.
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: rejected before any process starts
+
+
+def test_nccl_with_more_ranks_than_gpus_names_the_counts():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=rf"world_size={gpus + 1} .*needs one GPU per rank.* {gpus} GPU"):
+        sp_lab.launch(print, world_size=gpus + 1, backend="nccl")
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"backend='bogus' is not known .*'gloo'.*'nccl'"):
+        sp_lab.launch(print, backend="bogus")
+    with pytest.raises(ValueError, match="fake_process_group"):
+        resolve_backend("fake", 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"world_size": 0}, "world_size must be a positive int"),
+        ({"timeout": -1}, "timeout must be a positive number"),
+        ({"world_size": 2, "lock": threading.Lock()}, "could not serialise"),
+    ],
+)
+def test_bad_arguments_are_rejected_up_front(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        sp_lab.launch(print, **kwargs)
+
+
+def test_auto_picks_gloo_without_gpus():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs; 'auto' would pick NCCL")
+    assert resolve_backend("auto", 2) == "gloo"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The same function under torchrun
+
+
+def test_the_same_function_runs_under_torchrun():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "sp_lab.distributed.launch", "test_launch:_torchrun_job", "hello",
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, check=False, env=env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0: ('hello', 0, 2, 'gloo', 3.0)", "rank 1: ('hello', 1, 2, 'gloo', 3.0)"]
