@@ -175,7 +175,9 @@ class LabConfig:
             if self.splitting_ops != ["sp_lab::attention"]:
                 notes.append("splitting_ops are ignored with compile_mode='full_graph'")
         elif not self.splitting_ops:
-            notes.append("splitting_ops is empty: compile_mode='piecewise' compiles one piece, as 'full_graph'")
+            notes.append(
+                "splitting_ops is empty: compile_mode='piecewise' compiles one piece, as 'full_graph'"
+            )
         if self.heuristic is not None and not self.enable_async_tp:
             notes.append("heuristic is unused: enable_async_tp=False")
         if self.cudagraph_capture_sizes is not None and not self.cudagraphs:
@@ -323,7 +325,9 @@ def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, An
         raise ConfigError(f"schema: expected {SCHEMA!r}, got {doc['schema']!r}")
     unknown = set(doc) - {"schema", "vllm", "sp_lab", "provenance"}
     if unknown:
-        raise ConfigError(f"unknown top-level keys {sorted(unknown)}; expected schema, vllm, sp_lab, provenance")
+        raise ConfigError(
+            f"unknown top-level keys {sorted(unknown)}; expected schema, vllm, sp_lab, provenance"
+        )
     if "sp_lab" not in doc:
         raise ConfigError("sp_lab: missing; the 'sp_lab' section holds the LabConfig fields")
     config = LabConfig.from_dict(doc["sp_lab"])
@@ -369,7 +373,9 @@ def export_tuned_config(
     if hasattr(model_spec, "to_dict"):
         model_spec = model_spec.to_dict()
     if not isinstance(model_spec, dict) or not model_spec.get("name"):
-        raise ConfigError(f"model_spec: expected a dict with a 'name' (ModelSpec.to_dict()), got {model_spec!r:.80}")
+        raise ConfigError(
+            f"model_spec: expected a dict with a 'name' (ModelSpec.to_dict()), got {model_spec!r:.80}"
+        )
     dtype_name = str(dtype).removeprefix("torch.")
     provenance = {
         "device": device_name,
@@ -467,7 +473,9 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
 
     initialised = dist.is_available() and dist.is_initialized()
     if group is not None and not initialised:
-        raise ConfigError("group was given but torch.distributed is not initialised; call init_process_group first")
+        raise ConfigError(
+            "group was given but torch.distributed is not initialised; call init_process_group first"
+        )
 
     if not initialised:
         backend, tp_size = "none", 1
@@ -526,10 +534,14 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
     cudagraphs = config.cudagraphs
     if cudagraphs and not torch.cuda.is_available():
         cudagraphs = False
-        reasons.append(f"cudagraphs: CUDA is not available (torch {torch.__version__}): pieces run without CUDA graphs")
+        reasons.append(
+            f"cudagraphs: CUDA is not available (torch {torch.__version__}): pieces run without CUDA graphs"
+        )
     elif cudagraphs and not device.startswith("cuda"):
         cudagraphs = False
-        reasons.append(f"cudagraphs: the model runs on {device} (backend {backend}); CUDA graphs capture CUDA work only")
+        reasons.append(
+            f"cudagraphs: the model runs on {device} (backend {backend}); CUDA graphs capture CUDA work only"
+        )
 
     return EffectiveConfig(
         enable_sp=sp,
@@ -624,5 +636,7 @@ def _read_json_text(path_or_text: str | Path) -> str:
         return path_or_text
     path = Path(path_or_text)
     if not path.is_file():
-        raise FileNotFoundError(f"no such config file: {str(path)!r} (pass a path to an existing file or JSON text)")
+        raise FileNotFoundError(
+            f"no such config file: {str(path)!r} (pass a path to an existing file or JSON text)"
+        )
     return path.read_text()

@@ -249,7 +249,9 @@ class MatmulRule:
         while isinstance(node, Split):
             value = feats[node.feature]
             went_left = value <= node.threshold
-            steps.append(f"{node.feature} = {_fmt(value)} {'<=' if went_left else '>'} {_fmt(node.threshold)}")
+            steps.append(
+                f"{node.feature} = {_fmt(value)} {'<=' if went_left else '>'} {_fmt(node.threshold)}"
+            )
             node = node.left if went_left else node.right
         steps.append(f"-> {node.choice} ({node.confidence:.2f}, {node.samples} samples)")
         return steps
@@ -272,12 +274,15 @@ class MatmulRule:
         return sorted(used)
 
     def describe(self) -> str:
-        """Readable if/else rules, one condition per line::
+        """Readable if/else rules, one condition per line, each leaf with its confidence and samples.
 
-            if m <= 512:
-                return "no_fuse"  # confidence 0.98, 40 samples
-            else:
-                return "fuse"  # confidence 0.91, 31 samples
+        >>> print(MatmulRule.from_dict({"feature": "m", "threshold": 512,
+        ...     "left": {"choice": "no_fuse", "confidence": 0.98, "samples": 40},
+        ...     "right": {"choice": "fuse", "confidence": 0.91, "samples": 31}}).describe())
+        if m <= 512:
+            return "no_fuse"  # confidence 0.98, 40 samples
+        else:
+            return "fuse"  # confidence 0.91, 31 samples
         """
         lines: list[str] = []
         _describe(self.root, 0, lines)
@@ -338,7 +343,11 @@ def _leaf_from_dict(d: dict[str, Any], path: str) -> Leaf:
     if choice not in CHOICES:
         raise RuleError(f"{path}.choice: expected one of {', '.join(map(repr, CHOICES))}, got {choice!r}")
     confidence = d.get("confidence", 1.0)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, (int, float))
+        or not 0.0 <= confidence <= 1.0
+    ):
         raise RuleError(f"{path}.confidence: expected a number in [0, 1], got {confidence!r}")
     samples = d.get("samples", 0)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
@@ -359,7 +368,9 @@ def _depth(node: Node) -> int:
 def _describe(node: Node, indent: int, lines: list[str]) -> None:
     pad = "    " * indent
     if isinstance(node, Leaf):
-        lines.append(f'{pad}return "{node.choice}"  # confidence {node.confidence:.2f}, {node.samples} samples')
+        lines.append(
+            f'{pad}return "{node.choice}"  # confidence {node.confidence:.2f}, {node.samples} samples'
+        )
         return
     lines.append(f"{pad}if {node.feature} <= {_fmt(node.threshold)}:")
     _describe(node.left, indent + 1, lines)
@@ -377,5 +388,7 @@ def _read_json_text(path_or_text: str | Path) -> str:
         return path_or_text
     path = Path(path_or_text)
     if not path.is_file():
-        raise FileNotFoundError(f"no such JSON file: {str(path)!r} (pass a path to an existing file or JSON text)")
+        raise FileNotFoundError(
+            f"no such JSON file: {str(path)!r} (pass a path to an existing file or JSON text)"
+        )
     return path.read_text()
