@@ -1,0 +1,86 @@
+"""Insert aten nodes into an FX graph with their fake values, and the token-dimension vocabulary SP needs.
+
+Every node a pass adds carries ``meta["val"]`` (a FakeTensor or SymInt) computed by running the op on the
+fake values of its inputs, so later passes, the pattern matcher and Inductor's lowering see real shapes.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+__all__ = ["GraphBuilder", "fake_value", "is_tensor_node", "same_size"]
+
+
+def fake_value(arg: Any) -> Any:
+    """The fake value behind an FX argument (nodes are replaced by their ``meta["val"]``)."""
+    return fx.node.map_arg(arg, lambda n: n.meta["val"]) if isinstance(arg, (fx.Node, list, tuple)) else arg
+
+
+def is_tensor_node(arg: Any) -> bool:
+    return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """``a == b`` for ints or SymInts without installing a guard (a guard here would force recompiles)."""
+    return bool(statically_known_true(a == b))
+
+
+class GraphBuilder:
+    """Adds nodes to ``graph`` at its current insertion point, with fake values, and remembers what it added."""
+
+    def __init__(self, graph: fx.Graph):
+        self.graph = graph
+        placeholders = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+        self.fake_mode = detect_fake_mode(placeholders)
+        self.added: list[fx.Node] = []
+
+    def call(self, target: Callable, *args: Any, **kwargs: Any) -> fx.Node:
+        """Insert ``target(*args, **kwargs)`` and compute its fake value."""
+        node = self.graph.call_function(target, tuple(args), kwargs)
+        fake_args, fake_kwargs = fake_value(tuple(args)), {k: fake_value(v) for k, v in kwargs.items()}
+        if self.fake_mode is not None and isinstance(target, torch._ops.OpOverload):
+            with self.fake_mode:
+                node.meta["val"] = target(*fake_args, **fake_kwargs)
+        else:
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
+        self.added.append(node)
+        return node
+
+    def sym(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Integer arithmetic on sizes: folded when every operand is a Python int, else an FX node."""
+        if all(isinstance(a, int) for a in args):
+            return fn(*args)
+        return self.call(fn, *args)
+
+    def size(self, tensor: fx.Node, dim: int) -> Any:
+        """The size of ``tensor`` along ``dim``: an int, or a ``sym_size`` node when it is symbolic."""
+        value = tensor.meta["val"].shape[dim]
+        return value if isinstance(value, int) else self.call(aten.sym_size.int, tensor, dim)
+
+    # -- token-dimension layout ------------------------------------------------------------------------------
+    def pad_rows(self, tensor: fx.Node, rows: Any) -> fx.Node:
+        """Append ``rows`` zero rows to dim 0 (``rows`` may be 0 at run time)."""
+        ndim = tensor.meta["val"].dim()
+        return self.call(aten.constant_pad_nd.default, tensor, [0, 0] * (ndim - 1) + [0, rows], 0.0)
+
+    def narrow_rows(self, tensor: fx.Node, start: Any, length: Any) -> fx.Node:
+        end = length if isinstance(start, int) and start == 0 else self.sym(operator.add, start, length)
+        return self.call(aten.slice.Tensor, tensor, 0, start, end)
+
+    def all_gather(self, shard: fx.Node, group_size: int, group_name: str) -> fx.Node:
+        gathered = self.call(c10d.all_gather_into_tensor.default, shard, group_size, group_name)
+        return self.call(c10d.wait_tensor.default, gathered)
+
+    def reduce_scatter(self, tensor: fx.Node, group_size: int, group_name: str) -> fx.Node:
+        scattered = self.call(c10d.reduce_scatter_tensor.default, tensor, "sum", group_size, group_name)
+        return self.call(c10d.wait_tensor.default, scattered)

@@ -1,0 +1,268 @@
+"""Sequence parallelism: ``all_reduce -> (residual add) -> norm`` becomes
+``reduce_scatter -> add + norm on the token shard -> all_gather``.
+
+Why a graph walk and not Inductor's pattern matcher: SP is not a fixed sub-graph. What runs on the shard is
+the whole run of *token-local* ops between the reduction and the next matmul: the residual add, any RMSNorm
+spelling (``F.rms_norm``, the hand-written ``x * rsqrt(mean(x**2))``, fp32 up-casts in bf16 models), LayerNorm,
+a scale. A pattern per spelling and dtype would miss user code; the walk instead propagates the sharded
+layout through every op that is pointwise or reduces only non-token dims (``torch.Tag.pointwise`` and a short
+list of reductions), and materialises the full tensor with an all_gather right before the first consumer that
+needs every token (a matmul, attention, a graph output). The fusions that *are* fixed sub-graphs
+(all_gather -> mm, mm -> reduce_scatter) use the pattern matcher, in ``async_tp.py``.
+
+Shapes: a token count ``N`` that is not a multiple of ``tp`` is padded with zero rows before the
+reduce_scatter, every shard is ``[c, ...]`` with ``c = ceil(N / tp)``, and gathered tensors are sliced back
+to ``N`` rows (after the matmul when a matmul consumes them, so that the all_gather -> mm pair stays fusable).
+
+Forms (as vLLM named them), recorded per rewrite: ``first`` (the residual enters full, e.g. after the
+embedding or at a piece boundary), ``middle`` (joins the sharded residual of an earlier rewrite and is joined
+by a later one), ``last`` (joins an earlier residual; only its normed output is gathered).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from sp_lab.compiler.passes.boundary import BoundaryEvents, BoundaryPolicy
+from sp_lab.compiler.passes.graph_builder import GraphBuilder, is_tensor_node, same_size
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+__all__ = ["TOKEN_LOCAL_REDUCTIONS", "SPResult", "apply_sequence_parallel"]
+
+# Reductions that stay inside one token's row when they do not reduce dim 0.
+TOKEN_LOCAL_REDUCTIONS = {
+    aten.mean.dim,
+    aten.sum.dim_IntList,
+    aten.amax.default,
+    aten.amin.default,
+    aten.var.correction,
+    aten.var_mean.correction,
+    aten.prod.dim_int,
+}
+# Non-pointwise ops that act row by row.
+TOKEN_LOCAL_OTHER = {aten._to_copy.default, aten.clone.default, aten.alias.default}
+
+
+@dataclass
+class SPResult:
+    """What the SP rewrite did to one graph."""
+
+    rewrites: list[dict] = field(default_factory=list)  # {"all_reduce": name, "form": first|middle|last}
+    boundary: BoundaryEvents = field(default_factory=BoundaryEvents)
+    added: list[str] = field(default_factory=list)
+
+    def count(self, form: str) -> int:
+        return sum(r["form"] == form for r in self.rewrites)
+
+
+def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
+    """A summing all_reduce of a token-major tensor whose only user is its wait."""
+    if node.target is not c10d.all_reduce.default or node.args[1] != "sum":
+        return False
+    if group_name is not None and node.args[2] != group_name:
+        return False
+    users = list(node.users)
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    return (
+        len(users) == 1
+        and users[0].target is c10d.wait_tensor.default
+        and isinstance(val, torch.Tensor)
+        and val.dim() >= 2
+    )
+
+
+class _Rewriter:
+    def __init__(self, graph: fx.Graph, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy):
+        self.graph, self.tp, self.rank, self.policy = graph, tp_size, rank, policy
+        self.group_name = group_name
+        self.b = GraphBuilder(graph)
+        self.result = SPResult()
+        self.shard: dict[fx.Node, fx.Node] = {}  # original full value -> its token shard
+        self.lineage: dict[fx.Node, frozenset[int]] = {}  # shard origin: indices of SP rewrites
+        self.full_cache: dict[fx.Node, fx.Node] = {}
+        self.shard_cache: dict[fx.Node, fx.Node] = {}
+        self.joined_earlier: set[int] = set()
+        self.joined_later: set[int] = set()
+
+    # -- sizes -------------------------------------------------------------------------------------------------
+    def _setup_sizes(self, first_input: fx.Node) -> None:
+        self.tokens_val = first_input.meta["val"].shape[0]
+        # Size arithmetic goes right after the first all_reduce input, which precedes every rewrite point.
+        with self.graph.inserting_before(first_input.next):
+            self.tokens = self.b.size(first_input, 0)
+            self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
+            chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
+            self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
+            self.pad = self.b.sym(operator.sub, self.b.sym(operator.mul, self.chunk, self.tp), self.tokens)
+            self.offset = self.b.sym(operator.mul, self.chunk, self.rank)
+
+    def _token_aligned(self, arg: object, out_ndim: int) -> bool:
+        return (
+            is_tensor_node(arg)
+            and arg.meta["val"].dim() == out_ndim
+            and same_size(arg.meta["val"].shape[0], self.tokens_val)
+            and not same_size(arg.meta["val"].shape[0], 1)
+        )
+
+    def _padded(self, node: fx.Node) -> fx.Node:
+        return self.b.pad_rows(node, self.pad) if self.needs_pad else node
+
+    def _full(self, node: fx.Node) -> fx.Node:
+        """The full ``[N, ...]`` value of a sharded node (one all_gather per node, inserted at first need)."""
+        if node not in self.full_cache:
+            gathered = self.b.all_gather(self.shard[node], self.tp, self.group_name)
+            self.full_cache[node] = self.b.narrow_rows(gathered, 0, self.tokens) if self.needs_pad else gathered
+        return self.full_cache[node]
+
+    def _shard_of_full(self, node: fx.Node) -> fx.Node:
+        """This rank's rows of a full token-major tensor (e.g. a residual that enters a piece full)."""
+        if node not in self.shard_cache:
+            self.shard_cache[node] = self.b.narrow_rows(self._padded(node), self.offset, self.chunk)
+        return self.shard_cache[node]
+
+    # -- classification ------------------------------------------------------------------------------------------
+    def _token_local(self, node: fx.Node) -> bool:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            return False
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            return False
+        if torch.Tag.pointwise in target.tags or target in TOKEN_LOCAL_OTHER:
+            return True
+        if target in TOKEN_LOCAL_REDUCTIONS:
+            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            ndim = node.args[0].meta["val"].dim()
+            return dims is not None and all(d % ndim != 0 for d in ([dims] if isinstance(dims, int) else dims))
+        return False
+
+    # -- rewrites ------------------------------------------------------------------------------------------------
+    def _rewrite_site(self, wait: fx.Node, index: int) -> None:
+        all_reduce = wait.args[0]
+        x = all_reduce.args[0]
+        with self.graph.inserting_before(wait):
+            producer = x
+            if x.target in (aten.mm.default, aten.addmm.default) and len(x.users) == 1 and self.needs_pad:
+                # Pad the matmul's rows instead of its output so that mm -> reduce_scatter stays fusable.
+                with self.graph.inserting_before(x):
+                    a_index = 0 if x.target is aten.mm.default else 1
+                    args = list(x.args)
+                    args[a_index] = self._padded(x.args[a_index])
+                    producer = self.b.call(x.target, *args)
+                to_scatter = producer
+            else:
+                to_scatter = self._padded(x)
+            self.shard[wait] = self.b.reduce_scatter(to_scatter, self.tp, self.group_name)
+        self.lineage[wait] = frozenset({index})
+        self.result.rewrites.append({"all_reduce": all_reduce.name, "form": "first"})
+
+    def _shard_token_local(self, node: fx.Node) -> None:
+        out_ndim = node.meta["val"].dim()
+
+        def to_shard(arg):
+            if isinstance(arg, fx.Node) and arg in self.shard:
+                return self.shard[arg]
+            if self._token_aligned(arg, out_ndim):
+                return self._shard_of_full(arg)
+            return arg
+
+        with self.graph.inserting_before(node):
+            args = fx.node.map_aggregate(node.args, to_shard)
+            kwargs = fx.node.map_aggregate(node.kwargs, to_shard)
+            self.shard[node] = self.b.call(node.target, *args, **kwargs)
+        origins = [self.lineage[a] for a in node.all_input_nodes if a in self.lineage]
+        merged = frozenset().union(*origins)
+        if len(merged) > 1:
+            newest = max(merged)
+            self.joined_earlier.add(newest)
+            self.joined_later.update(i for i in merged if i != newest)
+        self.lineage[node] = merged
+
+    def _rewrite_consumer(self, node: fx.Node) -> None:
+        with self.graph.inserting_before(node):
+            if node.target in (aten.mm.default, aten.addmm.default):
+                a_index = 0 if node.target is aten.mm.default else 1
+                a = node.args[a_index]
+                if a in self.shard and not any(x in self.shard for i, x in enumerate(node.args) if i != a_index):
+                    # Own all_gather per matmul, sliced after the matmul: all_gather -> mm is a fusable pair.
+                    args = list(node.args)
+                    args[a_index] = self.b.all_gather(self.shard[a], self.tp, self.group_name)
+                    out = self.b.call(node.target, *args)
+                    if self.needs_pad:
+                        out = self.b.narrow_rows(out, 0, self.tokens)
+                    node.replace_all_uses_with(out)
+                    return
+            if node.target is aten.copy_.default and node.args[1] in self.shard:
+                src = node.args[1]
+                self.policy.copy(node, self.shard[src], lambda: self._full(src), self.result.boundary)
+                return
+            for arg in node.all_input_nodes:
+                if arg in self.shard:
+                    node.replace_input_with(arg, self._full(arg))
+
+    def _rewrite_output(self, node: fx.Node) -> None:
+        def replace(arg):
+            if isinstance(arg, fx.Node) and arg in self.shard:
+                with self.graph.inserting_before(node):
+                    return self.policy.output(arg, self.shard[arg], lambda: self._full(arg), self.result.boundary)
+            return arg
+
+        node.args = fx.node.map_aggregate(node.args, replace)
+
+    def run(self) -> SPResult:
+        sites = [n for n in self.graph.nodes if _is_sp_site(n, self.group_name)]
+        if not sites:
+            return self.result
+        if self.group_name is None:
+            self.group_name = sites[0].args[2]
+            sites = [n for n in sites if n.args[2] == self.group_name]
+        self._setup_sizes(sites[0].args[0])
+        site_waits = {}
+        for s in sites:
+            if same_size(s.args[0].meta["val"].shape[0], self.tokens_val):
+                site_waits[next(iter(s.users))] = len(site_waits)
+        for node in list(self.graph.nodes):
+            if node in site_waits:
+                self._rewrite_site(node, site_waits[node])
+            elif node.op == "output":
+                self._rewrite_output(node)
+            elif any(a in self.shard for a in node.all_input_nodes):
+                if self._token_local(node):
+                    self._shard_token_local(node)
+                else:
+                    self._rewrite_consumer(node)
+        for i, rewrite in enumerate(self.result.rewrites):
+            if i in self.joined_earlier:
+                rewrite["form"] = "middle" if i in self.joined_later else "last"
+        self.graph.eliminate_dead_code()
+        # wait_tensor counts as side-effecting for FX's dead-code elimination: drop the replaced pairs by hand.
+        for wait in site_waits:
+            if not wait.users:
+                all_reduce = wait.args[0]
+                self.graph.erase_node(wait)
+                if not all_reduce.users:
+                    self.graph.erase_node(all_reduce)
+        self.graph.eliminate_dead_code()
+        self.result.added = [n.name for n in self.b.added if n.graph is self.graph and not n._erased]
+        return self.result
+
+
+def apply_sequence_parallel(
+    graph: fx.Graph, *, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy
+) -> SPResult:
+    """Rewrite every token-major summing all_reduce in ``graph`` into sequence-parallel form, in place.
+
+    Args:
+        graph: an aten-level FX graph whose nodes carry ``meta["val"]`` (post-grad or AOT forward graph).
+        tp_size, rank: the tensor-parallel group size and this rank's index in it.
+        group_name: only all_reduces on this group are rewritten (None: the group of the first one).
+        policy: what to do where a sharded value leaves the graph (see ``boundary.py``).
+    """
+    if tp_size < 2:
+        return SPResult()
+    return _Rewriter(graph, tp_size, rank, group_name, policy).run()
