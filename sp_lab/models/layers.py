@@ -1,0 +1,485 @@
+"""Tensor-parallel building blocks written with PyTorch functional collectives.
+
+Every collective goes through ``torch.distributed._functional_collectives`` on the default (WORLD)
+group, so Dynamo records it as a node in the captured graph (``_c10d_functional.all_reduce`` +
+``wait_tensor``) where the sequence-parallel and AsyncTP passes can see and rewrite it. With
+``tp.size == 1`` no collective is emitted at all.
+
+Layout follows vLLM: activations are ``[num_tokens, hidden]`` (one flattened sequence, no batch dim).
+
+Each layer also declares how its local parameters are cut from the full, unsharded tensors of a
+Hugging Face checkpoint (:meth:`checkpoint_plan`), so random initialisation and checkpoint loading
+share one sharding code path (:mod:`sp_lab.models.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import nn
+
+# all_gather_single replaced all_gather_tensor (deprecated in torch 2.13); take whichever this torch has.
+_all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+__all__ = [
+    "ColumnParallelLinear",
+    "ParallelLMHead",
+    "ParamPlan",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowParallelLinear",
+    "TensorParallel",
+    "TensorSlice",
+    "VocabParallelEmbedding",
+    "silu_and_mul",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensor-parallel context and the sharding plan
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """Where this rank sits in the tensor-parallel group (always the default WORLD group)."""
+
+    rank: int = 0
+    """This rank's index in the group, ``0 <= rank < size``."""
+    size: int = 1
+    """Number of ranks the weights are sharded over; 1 means unsharded and collective-free."""
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"tp_size={self.size} must be >= 1")
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"tp_rank={self.rank} must lie in [0, tp_size={self.size})")
+
+    def shard(self, full: int, what: str) -> int:
+        """Size of this rank's shard of a dimension of ``full`` elements; raise if it does not divide.
+
+        ``what`` names the dimension in the error, e.g. ``"num_kv_heads"``.
+        """
+        if full % self.size:
+            ok = [d for d in range(1, min(full, 64) + 1) if full % d == 0 and d & (d - 1) == 0]
+            raise ValueError(
+                f"tp_size={self.size} does not divide {what}={full}; tensor parallelism needs every "
+                f"rank to hold an equal share. tp_size values that work here: {ok}"
+            )
+        return full // self.size
+
+    def group(self) -> dist.ProcessGroup:
+        """The process group collectives run on (WORLD); checked so a missing init fails clearly."""
+        if not dist.is_initialized():
+            raise RuntimeError(
+                f"this model was built with tp_size={self.size} but torch.distributed is not initialised; "
+                "call it inside sp_lab.launch(...) or after dist.init_process_group(...)"
+            )
+        return dist.group.WORLD
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """One contiguous slice of one full (unsharded) checkpoint tensor."""
+
+    name: str
+    """Hugging Face tensor name, e.g. ``"model.layers.0.self_attn.q_proj.weight"``."""
+    full_shape: tuple[int, ...]
+    """Shape of the whole tensor in the checkpoint."""
+    dim: int | None = None
+    """Dimension the slice is cut along; ``None`` takes the whole tensor (replicated parameters)."""
+    start: int = 0
+    """First index along ``dim`` (inclusive)."""
+    stop: int = 0
+    """Last index along ``dim`` (exclusive)."""
+    init: Literal["normal", "ones", "zeros"] = "normal"
+    """How random initialisation fills it (checkpoints ignore this)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the slice itself."""
+        if self.dim is None:
+            return self.full_shape
+        shape = list(self.full_shape)
+        shape[self.dim] = self.stop - self.start
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """How one local parameter is assembled: its slices concatenated along dim 0, in order."""
+
+    param: str
+    """Attribute name of the parameter on the module (``"weight"`` or ``"bias"``)."""
+    slices: tuple[TensorSlice, ...]
+    """The pieces; fused parameters (QKV, gate_up) have several, everything else one."""
+
+
+def qualify(parent: str, name: str) -> str:
+    """Join a parent module path and a child name the way ``named_modules`` does (``"" + "x" -> "x"``)."""
+    return f"{parent}.{name}" if parent else name
+
+
+def _shard_slice(name: str, full_shape: Sequence[int], dim: int, tp: TensorParallel, **kw) -> TensorSlice:
+    step = full_shape[dim] // tp.size
+    return TensorSlice(name, tuple(full_shape), dim, tp.rank * step, (tp.rank + 1) * step, **kw)
+
+
+def _parameter(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    # Inference only: no autograd state, so captured graphs are forward-only.
+    return nn.Parameter(torch.empty(tuple(shape), dtype=dtype, device=device), requires_grad=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear layers
+# --------------------------------------------------------------------------------------------------
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x @ W.T (+ b)`` with ``W``'s output features split across ranks; no communication.
+
+    Several logical projections can be fused into one matmul (QKV, gate_up, as vLLM does): each of
+    ``output_sizes`` is sharded separately and this rank holds ``[part0_shard; part1_shard; ...]``,
+    so the local output splits cleanly with :attr:`local_output_sizes`.
+
+    Shapes: input ``[T, in_features]`` (replicated) -> output ``[T, sum(output_sizes) / tp]``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: Sequence[int],
+        *,
+        tp: TensorParallel,
+        checkpoint_names: Sequence[str],
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        """``checkpoint_names[i]`` is the HF module name (relative to the parent) of ``output_sizes[i]``."""
+        super().__init__()
+        if len(checkpoint_names) != len(output_sizes):
+            raise ValueError(
+                f"need one checkpoint name per output part, got {checkpoint_names} for {output_sizes}"
+            )
+        self.tp = tp
+        self.in_features = in_features
+        self.output_sizes = tuple(output_sizes)
+        self.checkpoint_names = tuple(checkpoint_names)
+        self.local_output_sizes = tuple(
+            tp.shard(n, f"output features of {name}") for n, name in zip(output_sizes, checkpoint_names)
+        )
+        self.weight = _parameter((sum(self.local_output_sizes), in_features), dtype, device)
+        self.bias = _parameter((sum(self.local_output_sizes),), dtype, device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
+        """Slices of the HF ``{parent}.{name}.weight`` (and ``.bias``) tensors this rank holds."""
+        plans = [
+            ParamPlan(
+                "weight",
+                tuple(
+                    _shard_slice(qualify(parent, f"{name}.weight"), (n, self.in_features), 0, self.tp)
+                    for n, name in zip(self.output_sizes, self.checkpoint_names)
+                ),
+            )
+        ]
+        if self.bias is not None:
+            plans.append(
+                ParamPlan(
+                    "bias",
+                    tuple(
+                        _shard_slice(qualify(parent, f"{name}.bias"), (n,), 0, self.tp)
+                        for n, name in zip(self.output_sizes, self.checkpoint_names)
+                    ),
+                )
+            )
+        return plans
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.output_sizes} (local {self.local_output_sizes}), tp={self.tp.size}"
+
+
+class RowParallelLinear(nn.Module):
+    """``y = all_reduce(x_shard @ W_shard.T)`` with ``W``'s input features split across ranks.
+
+    This is where tensor parallelism communicates: each rank holds a partial sum over its slice of
+    the input features, and the all_reduce (the op sequence parallelism turns into a reduce_scatter)
+    completes it.
+
+    Shapes: input ``[T, in_features / tp]`` -> output ``[T, out_features]`` (replicated).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        tp: TensorParallel,
+        checkpoint_name: str,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.in_features = in_features
+        self.out_features = out_features
+        self.checkpoint_name = checkpoint_name
+        self.weight = _parameter(
+            (out_features, tp.shard(in_features, f"input features of {checkpoint_name}")), dtype, device
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        if self.tp.size > 1:
+            out = funcol.all_reduce(out, "sum", self.tp.group())
+        return out
+
+    def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
+        name = qualify(parent, f"{self.checkpoint_name}.weight")
+        return [ParamPlan("weight", (_shard_slice(name, (self.out_features, self.in_features), 1, self.tp),))]
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features} (local {self.weight.shape[1]}), out={self.out_features}, tp={self.tp.size}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Vocabulary-parallel embedding and LM head
+# --------------------------------------------------------------------------------------------------
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary rows split across ranks.
+
+    Rank ``r`` holds rows ``[r * V/tp, (r+1) * V/tp)``. Ids outside that range look up row 0 and are
+    zeroed afterwards, so after the all_reduce every rank has every token's embedding.
+    A vocabulary that ``tp`` does not divide is refused (rather than padded) so that checkpoints
+    map one-to-one onto shards.
+
+    Shapes: ``input_ids [T]`` (int64) -> ``[T, hidden_size]`` (replicated).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        tp: TensorParallel,
+        checkpoint_name: str,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.checkpoint_name = checkpoint_name
+        local = tp.shard(vocab_size, "vocab_size")
+        self.vocab_start, self.vocab_end = tp.rank * local, (tp.rank + 1) * local
+        self.weight = _parameter((local, hidden_size), dtype, device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local_ids = (input_ids - self.vocab_start).masked_fill(outside, 0)
+        out = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return funcol.all_reduce(out, "sum", self.tp.group())
+
+    def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
+        name = qualify(parent, f"{self.checkpoint_name}.weight")
+        return [ParamPlan("weight", (_shard_slice(name, (self.vocab_size, self.hidden_size), 0, self.tp),))]
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.vocab_size} (local [{self.vocab_start}, {self.vocab_end})), hidden={self.hidden_size}"
+
+
+class ParallelLMHead(nn.Module):
+    """Output projection with the vocabulary split across ranks, gathered to full logits.
+
+    Each rank computes logits for its vocabulary shard, ``[T, V/tp]``, and an all_gather along the
+    last dim returns ``[T, V]`` on every rank. With ``tie_to`` the weight is the embedding's own
+    parameter (same vocabulary rows on the same rank) and nothing is loaded for it.
+
+    Shapes: ``[T, hidden_size]`` -> ``[T, vocab_size]``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        tp: TensorParallel,
+        checkpoint_name: str,
+        tie_to: VocabParallelEmbedding | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.checkpoint_name = checkpoint_name
+        self.tied = tie_to is not None
+        if tie_to is not None:
+            self.weight = tie_to.weight
+        else:
+            self.weight = _parameter((tp.shard(vocab_size, "vocab_size"), hidden_size), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        if self.tp.size > 1:
+            # [T, V/tp] per rank -> [T, V]: all_gather_into_tensor stacks along dim 0, then a chunk+cat
+            # moves the rank blocks to the vocab dim.
+            logits = _all_gather_single(logits, 1, self.tp.group())
+        return logits
+
+    def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
+        if self.tied:
+            return []
+        name = qualify(parent, f"{self.checkpoint_name}.weight")
+        return [ParamPlan("weight", (_shard_slice(name, (self.vocab_size, self.hidden_size), 0, self.tp),))]
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.vocab_size}, hidden={self.hidden_size}, tied={self.tied}, tp={self.tp.size}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Norm, activation, rotary embedding
+# --------------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm, optionally fused with the residual add that precedes it (vLLM's form).
+
+    ``norm(x)`` returns the normed ``x``. ``norm(x, residual)`` first forms ``x + residual``, returns
+    ``(normed, new_residual)``. With ``residual_inplace`` the sum is written into ``residual`` with
+    ``add_`` (as vLLM's ``fused_add_rms_norm`` kernel does); this is the form whose in-place update
+    crosses piece boundaries and must survive the sequence-parallel rewrite.
+
+    Written plainly (float32 statistics, weight applied in the input dtype, as HF does) so the
+    compiler's passes can pattern-match it. Shapes: ``[T, hidden]`` in and out.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float,
+        *,
+        checkpoint_name: str,
+        residual_inplace: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.hidden_size = hidden_size
+        self.checkpoint_name = checkpoint_name
+        self.residual_inplace = residual_inplace
+        self.weight = _parameter((hidden_size,), dtype, device)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            if self.residual_inplace:
+                residual.add_(x)
+                x = residual
+            else:
+                x = x + residual
+                residual = x
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * h.to(dtype)
+        return out if residual is None else (out, residual)
+
+    def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
+        name = qualify(parent, f"{self.checkpoint_name}.weight")
+        return [ParamPlan("weight", (TensorSlice(name, (self.hidden_size,), init="ones"),))]
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, residual_inplace={self.residual_inplace}"
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU gate: ``silu(gate) * up`` for ``x = [gate | up]``, ``[T, 2*I] -> [T, I]``."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama-3.1's frequency-dependent RoPE scaling (same maths as HF's ``rope_type="llama3"``)."""
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_context = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (low frequencies) are stretched by `factor`, short ones kept, the band between
+    # interpolated smoothly.
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+ROPE_TYPES = ("default", "llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding in HF's ``rotate_half`` convention (halves, not interleaved pairs).
+
+    ``cos``/``sin`` are computed on the fly from ``positions`` in float32 (no ``max_position`` cache:
+    a 128k-position table would cost more memory than the rest of a small test model).
+
+    Supported ``rope_scaling``: none / ``"default"`` and ``"llama3"``.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rope_theta: float,
+        rope_scaling: dict | None = None,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"rope_scaling type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)}"
+            )
+        # Float32 on CPU, as HF computes it, so every device and rank gets bit-identical frequencies.
+        inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        if rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q [T, Hq*D]`` and ``k [T, Hk*D]`` by the angles of ``positions [T]``."""
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        cos, sin = emb.cos().to(q.dtype)[:, None, :], emb.sin().to(q.dtype)[:, None, :]
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_dim)
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+        return (x * cos + rotated * sin).reshape(shape)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}"

@@ -1,0 +1,119 @@
+"""``build()``: from a name ("toy", a preset) or a local HF checkpoint to a ready TP model.
+
+Presets are Hugging Face ``config.json`` shape fields stored in ``data/models/<name>.json``, each
+with a ``_source`` naming the public config the numbers come from. Their weights are random
+(:class:`~sp_lab.models.checkpoint.RandomWeights`); a checkpoint directory brings its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sp_lab.models.checkpoint import (
+    CheckpointError,
+    RandomWeights,
+    SafetensorsWeights,
+    is_checkpoint_dir,
+    load_weights,
+    read_hf_config,
+)
+from sp_lab.models.layers import TensorParallel
+from sp_lab.models.llama import DecoderConfig, LlamaForCausalLM
+from sp_lab.models.toy import toy_config
+
+__all__ = ["PRESET_DIR", "available", "build", "resolve_config"]
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
+"""Where preset configs live (``data/models/*.json`` at the repository root)."""
+
+
+def available() -> list[str]:
+    """Names ``build`` accepts besides a checkpoint path: ``"toy"`` and every preset."""
+    return ["toy", *sorted(p.stem for p in PRESET_DIR.glob("*.json"))]
+
+
+def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, **overrides) -> DecoderConfig:
+    """The :class:`DecoderConfig` ``build`` would use, without building anything.
+
+    Raises ``ValueError`` for an unknown name or override, naming what would work.
+    """
+    unknown = sorted(set(overrides) - set(DecoderConfig.field_names()) - {"name"})
+    if unknown:
+        raise ValueError(
+            f"unknown model override(s) {unknown}; accepted: {sorted(set(DecoderConfig.field_names()) - {'name'})}"
+        )
+    if num_layers is not None:
+        overrides["num_layers"] = num_layers
+    name = str(name_or_path)
+    if name == "toy":
+        return toy_config(**overrides)
+    preset = PRESET_DIR / f"{name}.json"
+    if "/" not in name and preset.is_file():
+        cfg = DecoderConfig.from_hf(json.loads(preset.read_text()), name=name)
+    elif is_checkpoint_dir(name):
+        cfg = DecoderConfig.from_hf(read_hf_config(name), name=name, source=str(Path(name).resolve()))
+    elif Path(name).is_dir():
+        raise CheckpointError(
+            f"{name} is a directory without config.json; a Hugging Face checkpoint needs one"
+        )
+    else:
+        raise ValueError(
+            f"unknown model {name!r}; use one of {available()} or a local Hugging Face checkpoint directory "
+            "(config.json + *.safetensors)"
+        )
+    return dataclasses.replace(cfg, **overrides)
+
+
+def _check_process_group(tp: TensorParallel) -> None:
+    # Collectives run on WORLD, so a TP model must span exactly the world it runs in.
+    if tp.size > 1 and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world != tp.size or rank != tp.rank:
+            raise ValueError(
+                f"tp_size={tp.size}, tp_rank={tp.rank} do not match the initialised process group "
+                f"(world_size={world}, rank={rank}); pass tp_size=dist.get_world_size(), tp_rank=dist.get_rank()"
+            )
+
+
+def build(
+    name_or_path: str | Path,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    num_layers: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    **overrides,
+) -> nn.Module:
+    """Build a tensor-parallel causal LM: ``model(input_ids [T]) -> logits [T, vocab_size]``.
+
+    Args:
+        name_or_path: ``"toy"``, a preset (``available()``: llama-2-7b, llama-3-8b, llama-3-70b,
+            mistral-7b, qwen2.5-7b) or a local HF checkpoint directory (config.json + safetensors).
+        tp_rank, tp_size: this rank's place in the TP group. With ``tp_size > 1`` the model must run
+            inside an initialised process group of exactly ``tp_size`` ranks (it uses WORLD).
+        num_layers: keep only this many decoder layers (the first ones for a checkpoint).
+        dtype: parameter dtype; random weights are drawn in float32 and rounded to it.
+        device: where parameters live. ``"meta"`` builds shapes only, with no initialisation and no
+            file reads, for tracing e.g. an 80-layer 70B model under the fake process group.
+        seed: random-weight seed; the same seed gives the same full model at every ``tp_size``.
+        **overrides: any :class:`DecoderConfig` field, e.g. ``residual_inplace=True``, ``hidden_size=128``.
+
+    Returns:
+        The model in eval mode, with ``model.spec`` (:class:`ModelSpec`), ``model.config`` and ``model.tp``.
+    """
+    cfg = resolve_config(name_or_path, num_layers=num_layers, **overrides)
+    tp = TensorParallel(rank=tp_rank, size=tp_size)
+    _check_process_group(tp)
+    model = LlamaForCausalLM(cfg, tp=tp, dtype=dtype, device=device)
+    if torch.device(device).type != "meta":
+        checkpoint = str(name_or_path) not in available() and is_checkpoint_dir(name_or_path)
+        load_weights(model, SafetensorsWeights(name_or_path) if checkpoint else RandomWeights(seed))
+    return model.eval()
