@@ -1,0 +1,320 @@
+"""An append-only dataset of measured rows: a directory of small parquet part files.
+
+Why a directory of parts rather than one parquet file: a parquet file cannot be appended to in
+place (its footer holds the row-group index), so "append one row to data.parquet" means rewriting
+the file, and a crash or a second writer in the middle of that rewrite loses everything. Here every
+append writes one new, uniquely named part file to a temporary name and ``os.replace``-s it into
+place, which is atomic on POSIX file systems. Hence:
+
+- an interrupted sweep loses at most the row being written (never a row already on disk);
+- any number of processes may append to the same store at once without locks (names never collide);
+- a reader sees a consistent snapshot: every part is either absent or complete.
+
+Rows follow :data:`ROW_SCHEMA` (a fixed polars schema with a ``schema_version`` column). Each row
+carries a ``row_id`` (uuid4) so that :meth:`SweepStore.compact` can run beside readers: a reader that
+catches the moment between "compacted file written" and "old parts deleted" sees duplicates and
+drops them by ``row_id``.
+
+Layout::
+
+    store_dir/
+      part-<unix_ns>-<host>-<pid>-<uuid>.parquet   one per append (usually one row)
+      .part-....parquet.tmp                          being written (ignored by readers)
+      quarantine/                                    corrupt parts moved aside by read(skip_corrupt=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import socket
+import time
+import uuid
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import polars as pl
+
+SCHEMA_VERSION = 1
+"""Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with."""
+
+SOURCES = ("measured", "simulated", "replayed")
+"""Where a row's numbers come from. ``simulated`` rows (the what-if model) are never unlabelled."""
+
+ROW_SCHEMA: dict[str, pl.DataType] = {
+    # --- bookkeeping
+    "schema_version": pl.Int32(),
+    "row_id": pl.String(),  # uuid4 hex, unique per row; de-duplicates across compaction
+    "sweep_id": pl.String(),  # uuid of the sweep invocation that produced the row
+    "source": pl.String(),  # one of SOURCES
+    "timestamp": pl.String(),  # UTC ISO-8601, when the row was measured
+    # --- what was measured
+    "model": pl.String(),
+    "hidden_size": pl.Int64(),
+    "num_layers": pl.Int64(),
+    "dtype": pl.String(),
+    "tp": pl.Int64(),
+    "variant": pl.String(),  # baseline | sp | sp+async_tp | tuned
+    "reported_variant": pl.String(),  # the variant, or "<variant> [fusion missing]" when it did not run
+    "boundary": pl.String(),
+    "num_tokens": pl.Int64(),
+    "enable_sp": pl.Boolean(),  # requested by the variant's config
+    "enable_async_tp": pl.Boolean(),
+    "async_tp_min_tokens": pl.Int64(),
+    "config_hash": pl.String(),
+    "config_json": pl.String(),  # the full LabConfig of the variant, to reproduce the row
+    # --- the numbers
+    "latency_us": pl.Float64(),  # max over ranks of the per-rank median (the slowest rank bounds a TP step)
+    "p10_us": pl.Float64(),
+    "p90_us": pl.Float64(),
+    "warmup": pl.Int64(),
+    "repeats": pl.Int64(),
+    "timing_method": pl.String(),  # perf_counter | cuda_events | cuda_graph
+    # --- what actually ran (from the CompileReport, for this token count)
+    "sp_rewrites": pl.Int64(),
+    "n_all_reduce": pl.Int64(),
+    "n_reduce_scatter": pl.Int64(),
+    "n_all_gather": pl.Int64(),
+    "n_fused_ag_mm": pl.Int64(),
+    "n_fused_mm_rs": pl.Int64(),
+    "sp_expected": pl.Boolean(),
+    "fusion_expected": pl.Boolean(),
+    "fusion_fired": pl.Boolean(),
+    "fusion_missing": pl.Boolean(),  # the variant's transformation was expected and did not run
+    # --- where
+    "device_name": pl.String(),
+    "device_count": pl.Int64(),
+    "backend": pl.String(),
+    "torch_version": pl.String(),
+    "sp_lab_version": pl.String(),
+    "hostname": pl.String(),
+    "note": pl.String(),  # free text: timing fallbacks, why fusion was not expected, ...
+}
+"""The fixed schema of a row. Every column but :data:`NULLABLE_COLUMNS` must be non-null."""
+
+NULLABLE_COLUMNS = frozenset({"note"})
+
+KEY_COLUMNS = (
+    "model",
+    "hidden_size",
+    "num_layers",
+    "tp",
+    "dtype",
+    "variant",
+    "boundary",
+    "num_tokens",
+    "device_name",
+    "backend",
+    "config_hash",
+)
+"""A row's identity for resume: a sweep skips a (key) that already has a measured row."""
+
+QUARANTINE_DIR = "quarantine"
+
+
+class CorruptPartError(RuntimeError):
+    """A part file of the store cannot be read (truncated, or not parquet)."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        self.path = path
+        super().__init__(
+            f"corrupt part file in sweep store: {path} ({type(cause).__name__}: {cause}). "
+            "It was probably truncated by a crash, a full disk or a partial copy. Read with "
+            "read(skip_corrupt=True) (CLI: --skip-corrupt) to move it to "
+            f"{path.parent / QUARANTINE_DIR}/ and go on; a resumed sweep re-measures its row."
+        )
+
+
+def new_row_id() -> str:
+    """A fresh ``row_id`` (uuid4 hex)."""
+    return uuid.uuid4().hex
+
+
+def normalize_rows(rows: Sequence[Mapping[str, object]]) -> pl.DataFrame:
+    """Check ``rows`` against :data:`ROW_SCHEMA` and return them as a DataFrame of exactly that schema.
+
+    Fills ``schema_version`` and ``row_id`` when absent. Raises ``ValueError`` naming the row and
+    column for an unknown column, a missing or null required column, or a bad ``source``.
+    """
+    filled = []
+    for i, row in enumerate(rows):
+        unknown = sorted(set(row) - set(ROW_SCHEMA))
+        if unknown:
+            raise ValueError(f"row {i} has columns not in ROW_SCHEMA: {unknown}; known: {sorted(ROW_SCHEMA)}")
+        full = {"schema_version": SCHEMA_VERSION, "row_id": new_row_id(), "note": None, **row}
+        missing = [c for c in ROW_SCHEMA if c not in NULLABLE_COLUMNS and full.get(c) is None]
+        if missing:
+            raise ValueError(
+                f"row {i} lacks required columns {missing} (every column of ROW_SCHEMA except "
+                f"{sorted(NULLABLE_COLUMNS)} must be set; provenance is never optional)"
+            )
+        if full["source"] not in SOURCES:
+            raise ValueError(f"row {i}: source={full['source']!r} is not one of {SOURCES}")
+        filled.append(full)
+    return pl.DataFrame(filled, schema=ROW_SCHEMA)
+
+
+@dataclasses.dataclass
+class SweepStore:
+    """An append-only, crash-safe, multi-writer dataset of sweep rows under ``path`` (see module doc).
+
+    >>> store = SweepStore("data/sweeps")
+    >>> store.append([row])            # one atomic part file
+    >>> df = store.read()              # every row, ROW_SCHEMA columns
+    >>> store.done_keys(source="measured", model="toy")
+    """
+
+    path: Path
+    """The store directory (created on first append)."""
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        if self.path.exists() and not self.path.is_dir():
+            raise NotADirectoryError(
+                f"sweep store {self.path} is a file; a store is a directory of part files. "
+                "To import a single parquet file use `python -m sp_lab replay --from FILE --store DIR`."
+            )
+
+    # ------------------------------------------------------------------ writing
+    def append(self, rows: Sequence[Mapping[str, object]] | pl.DataFrame) -> Path | None:
+        """Append ``rows`` as one new part file, atomically; returns its path (None for no rows).
+
+        The part is written to a hidden temporary name, flushed to disk, then renamed into place:
+        a reader or a crash never sees half a part.
+        """
+        df = rows if isinstance(rows, pl.DataFrame) else normalize_rows(rows)
+        if df.height == 0:
+            return None
+        if df.schema != pl.Schema(ROW_SCHEMA):
+            df = normalize_rows(df.to_dicts())
+        self.path.mkdir(parents=True, exist_ok=True)
+        # time first so that a plain sort of the names is (roughly) the order of measurement
+        name = f"part-{time.time_ns()}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+        final = self.path / name
+        tmp = self.path / f".{name}.tmp"
+        buf = io.BytesIO()
+        df.write_parquet(buf)
+        with open(tmp, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        return final
+
+    # ------------------------------------------------------------------ reading
+    def parts(self) -> list[Path]:
+        """The complete part files, oldest first (temporary and quarantined files excluded)."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.glob("*.parquet") if p.is_file())
+
+    def read(self, *, skip_corrupt: bool = False, parts: Sequence[Path] | None = None) -> pl.DataFrame:
+        """Every row of the store as one DataFrame with :data:`ROW_SCHEMA` columns, oldest first.
+
+        A part that cannot be read raises :class:`CorruptPartError` naming it; with
+        ``skip_corrupt=True`` the part is moved to ``quarantine/`` with a warning and reading goes on.
+        ``parts`` restricts the read to those files (see :meth:`read_new`).
+        """
+        for _attempt in range(3):
+            paths = self.parts() if parts is None else list(parts)
+            if not paths:
+                return pl.DataFrame(schema=ROW_SCHEMA)
+            try:
+                df = pl.scan_parquet(paths).collect()
+            except FileNotFoundError:
+                # a compaction removed a part between listing and reading: list again
+                if parts is not None:
+                    raise
+                continue
+            except (pl.exceptions.PolarsError, OSError):
+                # the fast path failed: read part by part to name (and maybe quarantine) the culprit
+                df = self._read_each(paths, skip_corrupt=skip_corrupt)
+            return self._dedupe(df)
+        raise RuntimeError(f"sweep store {self.path} kept changing while being read (concurrent compaction?)")
+
+    def _read_each(self, paths: Sequence[Path], *, skip_corrupt: bool) -> pl.DataFrame:
+        frames = []
+        for p in paths:
+            try:
+                frames.append(pl.read_parquet(p))
+            except FileNotFoundError:
+                continue  # compacted away meanwhile; its rows live in the compacted part
+            except (pl.exceptions.PolarsError, OSError) as e:
+                err = CorruptPartError(p, e)
+                if not skip_corrupt:
+                    raise err from e
+                self.quarantine(p, reason=str(err))
+        if not frames:
+            return pl.DataFrame(schema=ROW_SCHEMA)
+        # diagonal_relaxed tolerates parts from another schema_version (missing columns -> null)
+        return pl.concat(frames, how="diagonal_relaxed")
+
+    @staticmethod
+    def _dedupe(df: pl.DataFrame) -> pl.DataFrame:
+        return df.unique(subset="row_id", keep="first", maintain_order=True)
+
+    def read_new(self, seen: set[Path], *, skip_corrupt: bool = True) -> pl.DataFrame:
+        """Rows of parts not in ``seen`` (which is updated): for watching a sweep from another process."""
+        new = [p for p in self.parts() if p not in seen]
+        if not new:
+            return pl.DataFrame(schema=ROW_SCHEMA)
+        seen.update(new)
+        return self.read(parts=new, skip_corrupt=skip_corrupt)
+
+    def quarantine(self, part: Path, *, reason: str = "") -> Path:
+        """Move a (corrupt) part to ``quarantine/`` so that reads and resumes go on without it."""
+        qdir = self.path / QUARANTINE_DIR
+        qdir.mkdir(exist_ok=True)
+        dest = qdir / part.name
+        os.replace(part, dest)
+        warnings.warn(f"moved corrupt part {part} to {dest}: {reason}", stacklevel=3)
+        return dest
+
+    # ------------------------------------------------------------------ queries
+    def done_keys(self, *, skip_corrupt: bool = True, **filters: object) -> set[tuple]:
+        """The :data:`KEY_COLUMNS` tuples of rows matching ``filters`` (column=value, e.g. ``source="measured"``).
+
+        Defaults to ``skip_corrupt=True``: a resumed sweep should re-measure a corrupt part's row
+        rather than refuse to start.
+        """
+        unknown = sorted(set(filters) - set(ROW_SCHEMA))
+        if unknown:
+            raise ValueError(f"done_keys filters on unknown columns {unknown}; known: {sorted(ROW_SCHEMA)}")
+        df = self.read(skip_corrupt=skip_corrupt)
+        for col, value in filters.items():
+            df = df.filter(pl.col(col) == value)
+        return set(df.select(KEY_COLUMNS).iter_rows())
+
+    def __len__(self) -> int:
+        return self.read().height
+
+    # ------------------------------------------------------------------ maintenance
+    def compact(self, *, stale_tmp_s: float = 3600.0) -> Path | None:
+        """Merge all current parts into one part (atomically), then delete the merged parts.
+
+        Safe beside writers (parts appended meanwhile are left alone) and readers (rows are
+        de-duplicated by ``row_id``). Also removes temporary files older than ``stale_tmp_s``
+        (left by crashed writers). Returns the compacted part, or None if there was nothing to merge.
+        """
+        now = time.time()
+        for tmp in self.path.glob(".*.tmp"):
+            try:
+                if now - tmp.stat().st_mtime > stale_tmp_s:
+                    tmp.unlink()
+            except FileNotFoundError:
+                pass
+        parts = self.parts()
+        if len(parts) < 2:
+            return None
+        df = self.read(parts=parts)
+        merged = self.append(df)
+        for p in parts:
+            p.unlink(missing_ok=True)
+        return merged
+
+
+def rows_to_frame(rows: Iterable[Mapping[str, object]]) -> pl.DataFrame:
+    """Convenience: rows (dicts) -> a DataFrame of :data:`ROW_SCHEMA`, validated."""
+    return normalize_rows(list(rows))

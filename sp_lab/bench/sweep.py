@@ -1,0 +1,539 @@
+"""Latency sweeps: one model, several variants (which passes are on), many token counts.
+
+Variants, each a copy of the user's :class:`~sp_lab.config.LabConfig` (``dataclasses.replace``):
+
+============== ====================================================================================
+``baseline``   plain TP: ``all_reduce`` after row-parallel matmuls (SP and AsyncTP off)
+``sp``         sequence parallelism only (reduce_scatter / all_gather), no fused kernels
+``sp+async_tp`` SP and AsyncTP at every token count (``async_tp_min_tokens=1``, no per-matmul rule)
+``tuned``      the given config as is: the gated, tuned configuration
+============== ====================================================================================
+
+:func:`run_sweep` runs *inside every rank* (from :func:`sp_lab.launch`, under ``torchrun``, or in one
+plain process for tp=1). All ranks build and compile the same model and time the same calls; the
+timings are combined across ranks (the slowest rank's median) and rank 0 appends one row per
+(variant, token count) to a :class:`~sp_lab.bench.store.SweepStore` as soon as it is measured.
+
+Resume: before measuring, rank 0 reads the keys already in the store (:data:`KEY_COLUMNS`) and
+every rank skips them, so a sweep that was killed part-way picks up where it stopped; a variant whose
+token counts are all done is not even compiled.
+
+Honesty: every row records what actually ran at its token count (SP rewrites and collective / fused
+op counts from the :class:`CompileReport`). If the variant's transformation was expected and did not
+run (fusion did not fire, SP did not rewrite), the row has ``fusion_missing=True`` and its
+``reported_variant`` is ``"<variant> [fusion missing]"``, so a plot never shows it as that variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import functools
+import hashlib
+import json
+import os
+import platform
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sp_lab.bench.store import SweepStore
+from sp_lab.bench.timing import reduce_across_ranks, time_fn
+
+VARIANTS = ("baseline", "sp", "sp+async_tp", "tuned")
+"""Every variant :func:`run_sweep` knows (see the module docstring)."""
+
+DEFAULT_VARIANTS = ("baseline", "sp", "sp+async_tp")
+"""What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
+
+MISSING_SUFFIX = " [fusion missing]"
+"""Appended to ``reported_variant`` when the variant's transformation did not run."""
+
+
+# ---------------------------------------------------------------------------------------------- variants
+def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> Any:
+    """The :class:`LabConfig` that ``variant`` measures, derived from ``config`` (which is not changed).
+
+    ``tp_size`` (the sweep's world size) overrides ``config.tp_size`` when given. The reference variants
+    drop any per-matmul rule (``heuristic=None``) so that "sp+async_tp" really means "fused everywhere".
+    """
+    tp = {"tp_size": tp_size} if tp_size is not None else {}
+    if variant == "baseline":
+        return dataclasses.replace(config, enable_sp=False, enable_async_tp=False, heuristic=None, **tp)
+    if variant == "sp":
+        return dataclasses.replace(
+            config, enable_sp=True, enable_async_tp=False, async_tp_min_tokens=1, heuristic=None, **tp
+        )
+    if variant == "sp+async_tp":
+        return dataclasses.replace(
+            config, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=1, heuristic=None, **tp
+        )
+    if variant == "tuned":
+        return dataclasses.replace(config, **tp)
+    raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+
+
+def config_hash(config: Any) -> str:
+    """A short, stable hash of a config's JSON form (12 hex digits): part of a row's resume key."""
+    text = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """What a variant's config should make happen at one token count (judged against the report)."""
+
+    sp: bool
+    """SP should rewrite at least one all_reduce."""
+    fusion: bool
+    """At least one fused AsyncTP op should run."""
+    note: str = ""
+    """Why an expectation is off where one might assume it on."""
+
+
+def expectation(config: Any, num_tokens: int) -> Expectation:
+    """What ``config`` should do at ``num_tokens`` tokens, from the config's own compile-range gates.
+
+    SP is expected where :meth:`LabConfig.sp_active_for` says so for the range serving ``num_tokens``
+    (with tp > 1); fusion where :meth:`LabConfig.async_tp_active_for` does and no per-matmul rule is set
+    (a rule may legitimately refuse every matmul, so fusion is then not *expected*).
+    """
+    if config.tp_size <= 1:
+        return Expectation(sp=False, fusion=False, note="tp=1: no collectives to rewrite")
+    compile_range = config.range_for(num_tokens)
+    sp = bool(config.sp_active_for(compile_range))
+    fusion = bool(config.async_tp_active_for(compile_range))
+    note = ""
+    if config.enable_sp and not sp:
+        note = f"gated off: {num_tokens} < async_tp_min_tokens={config.async_tp_min_tokens}"
+    elif fusion and getattr(config, "heuristic", None) is not None:
+        fusion, note = False, "per-matmul rule decides fusion"
+    return Expectation(sp=sp, fusion=fusion, note=note)
+
+
+# ---------------------------------------------------------------------------------------------- provenance
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows, or ``"cpu"``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def device_name(device: torch.device) -> str:
+    """``"NVIDIA H200"`` for a CUDA device, ``"cpu: <model name>"`` otherwise."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type}: {cpu_name()}"
+
+
+def _sp_lab_version() -> str:
+    try:
+        import sp_lab
+
+        return str(sp_lab.__version__)
+    except (ImportError, AttributeError):
+        return "unknown"
+
+
+def _world() -> tuple[int, int, str]:
+    """(rank, world_size, backend); (0, 1, "none") without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    return 0, 1, "none"
+
+
+def _default_device(backend: str) -> torch.device:
+    if backend == "nccl" or (backend == "none" and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _device_count(device: torch.device) -> int:
+    """Distinct devices the ranks compute on (all ranks of a gloo CPU run share one host CPU)."""
+    mine = (socket.gethostname(), str(device))
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return len(set(everyone))
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (identity without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if isinstance(value, torch.dtype):
+        return value
+    raise ValueError(f"dtype={dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16', 'float16'")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+@dataclasses.dataclass
+class SweepResult:
+    """What :func:`run_sweep` did (on rank 0; other ranks return the same counts and no rows)."""
+
+    rows: list[dict[str, Any]]
+    """The rows written by this call, in measurement order (empty on ranks other than 0)."""
+    skipped: int
+    """(variant, token count) points already in the store, not measured again."""
+    store_dir: str
+    """Where the rows went."""
+    sweep_id: str
+    """The ``sweep_id`` of the rows written by this call."""
+
+    @property
+    def fusion_missing(self) -> list[dict[str, Any]]:
+        """Rows whose variant's transformation did not run."""
+        return [r for r in self.rows if r["fusion_missing"]]
+
+
+def _check_token_counts(token_counts: Sequence[int]) -> list[int]:
+    counts = list(token_counts)
+    if not counts:
+        raise ValueError("token_counts is empty; pass e.g. [1, 16, 128, 1024]")
+    bad = [t for t in counts if isinstance(t, bool) or not isinstance(t, int) or t < 1]
+    if bad:
+        raise ValueError(f"token counts must be positive ints, got {bad}")
+    return sorted(set(counts))
+
+
+def run_sweep(
+    model_name: str,
+    *,
+    token_counts: Sequence[int],
+    store_dir: str | os.PathLike,
+    config: Any = None,
+    variants: Sequence[str] = DEFAULT_VARIANTS,
+    tp_size: int | None = None,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    num_layers: int | None = None,
+    model_overrides: Mapping[str, Any] | None = None,
+    warmup: int = 3,
+    repeats: int = 10,
+    cuda_graph: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    sweep_id: str | None = None,
+    build_fn: Callable[..., torch.nn.Module] | None = None,
+    compile_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+) -> SweepResult:
+    """Measure forward latency of ``model_name`` for every (variant, token count); call in every rank.
+
+    Args:
+        model_name: anything :func:`sp_lab.models.build` takes ("toy", a preset, a checkpoint dir).
+        token_counts: token counts ``T`` to time; the input is ``input_ids`` of shape ``[T]``.
+        store_dir: the :class:`SweepStore` directory rows are appended to (rank 0 writes).
+        config: the base :class:`LabConfig` (default ``LabConfig(tp_size=world_size)``); ``tuned`` measures
+            it as is, the other variants are derived from it by :func:`variant_config`.
+        variants: subset of :data:`VARIANTS`.
+        tp_size: must equal the world size when given (a check, not a choice: TP spans the whole group).
+        dtype, device: of the model; ``device`` defaults to this rank's GPU under NCCL, else the CPU.
+        num_layers, model_overrides, seed: passed to the model builder.
+        warmup, repeats: untimed and timed calls per point (after one untimed first call that compiles).
+        cuda_graph: on CUDA, replay a captured graph (falls back to eager, recorded in the row's note).
+        progress: a tqdm progress bar on rank 0.
+        on_row: called on rank 0 with each row right after it is on disk (e.g. to update a live plot).
+        sweep_id: label of this run's rows (default: a fresh uuid).
+        build_fn: ``build_fn(model_name, tp_rank=, tp_size=, num_layers=, dtype=, device=, seed=, **overrides)``
+            (default :func:`sp_lab.models.build`); a stand-in for tests.
+        compile_fn: ``compile_fn(model, config) -> compiled`` with ``compiled(input_ids)`` and
+            ``compiled.report`` (default :func:`sp_lab.compile`); a stand-in for tests.
+
+    Returns:
+        A :class:`SweepResult`: the rows written (rank 0) and how many points were already done.
+    """
+    rank, world, backend = _world()
+    if tp_size is not None and tp_size != world:
+        raise ValueError(
+            f"tp_size={tp_size} but the process group has world_size={world}: TP spans the whole group. "
+            f"Launch with world_size={tp_size} (sp_lab.launch / torchrun --nproc-per-node {tp_size})."
+        )
+    tokens = _check_token_counts(token_counts)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown or no variants {unknown or list(variants)}; choose from {VARIANTS}")
+    if config is None:
+        from sp_lab.config import LabConfig
+
+        config = LabConfig(tp_size=world)
+    too_many = [t for t in tokens if t > config.max_num_tokens]
+    if too_many:
+        raise ValueError(
+            f"token counts {too_many} exceed config.max_num_tokens={config.max_num_tokens}; "
+            "raise LabConfig.max_num_tokens or drop them"
+        )
+    torch_dtype = _resolve_dtype(dtype)
+    device = torch.device(device) if device is not None else _default_device(backend)
+    build_fn = build_fn or _default_build
+    compile_fn = compile_fn or _default_compile
+    sweep_id = _broadcast(sweep_id or uuid.uuid4().hex)
+    store = SweepStore(Path(store_dir))
+
+    model = build_fn(
+        model_name,
+        tp_rank=rank,
+        tp_size=world,
+        num_layers=num_layers,
+        dtype=torch_dtype,
+        device=device,
+        seed=seed,
+        **dict(model_overrides or {}),
+    )
+    spec = model.spec
+    base = {
+        "source": "measured",
+        "sweep_id": sweep_id,
+        "model": spec.name,
+        "hidden_size": spec.hidden_size,
+        "num_layers": spec.num_layers,
+        "dtype": _dtype_name(torch_dtype),
+        "tp": world,
+        "device_name": device_name(device),
+        "device_count": _device_count(device),
+        "backend": backend,
+        "torch_version": torch.__version__,
+        "sp_lab_version": _sp_lab_version(),
+        "hostname": socket.gethostname(),
+        "warmup": warmup,
+    }
+
+    plan = [(v, variant_config(v, config, tp_size=world)) for v in variants]
+    # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
+    # disagreed would wait forever in a collective the others skip).
+    done = _broadcast(store.done_keys(source="measured") if rank == 0 else None)
+
+    def key(variant: str, cfg: Any, t: int) -> tuple:
+        return (
+            base["model"],
+            base["hidden_size"],
+            base["num_layers"],
+            world,
+            base["dtype"],
+            variant,
+            cfg.boundary,
+            t,
+            base["device_name"],
+            backend,
+            config_hash(cfg),
+        )  # the order of KEY_COLUMNS
+
+    todo = [(v, cfg, [t for t in tokens if key(v, cfg, t) not in done]) for v, cfg in plan]
+    skipped = len(plan) * len(tokens) - sum(len(ts) for _, _, ts in todo)
+    bar = _progress_bar(total=len(plan) * len(tokens), initial=skipped, enabled=progress and rank == 0)
+    written: list[dict[str, Any]] = []
+    vocab = spec.vocab_size
+    try:
+        for variant, cfg, pending in todo:
+            if not pending:
+                continue
+            compiled = compile_fn(model, cfg)
+            chash, cjson = config_hash(cfg), cfg.to_json()
+            for t in pending:
+                if bar is not None:
+                    bar.set_description(f"{variant} T={t}")
+                # same seed on every rank: TP ranks must see the same tokens
+                gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
+                input_ids = torch.randint(0, vocab, (t,), generator=gen).to(device)
+                with torch.no_grad():
+                    compiled(input_ids)  # the first call compiles; never timed
+                    timing = time_fn(
+                        functools.partial(compiled, input_ids),
+                        device=device,
+                        warmup=warmup,
+                        repeats=repeats,
+                        cuda_graph=cuda_graph,
+                    )
+                timing = reduce_across_ranks(timing)
+                if rank == 0:
+                    row = _row(base, variant, cfg, chash, cjson, t, timing, compiled.report)
+                    store.append([row])  # on disk before anyone hears of it
+                    written.append(row)
+                    if on_row is not None:
+                        on_row(row)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id)
+
+
+def _row(
+    base: dict[str, Any],
+    variant: str,
+    cfg: Any,
+    chash: str,
+    cjson: str,
+    num_tokens: int,
+    timing: Any,
+    report: Any,
+) -> dict[str, Any]:
+    """One store row: provenance + timing + what the compile report says ran at ``num_tokens``."""
+    counts = report.op_counts(num_tokens)
+    fired = bool(report.fusion_fired(num_tokens))
+    rewrites = int(report.sp_rewrites(num_tokens))
+    expect = expectation(cfg, num_tokens)
+    missing_parts = []
+    if expect.sp and rewrites == 0:
+        missing_parts.append("SP expected but made no rewrite")
+    if expect.fusion and not fired:
+        missing_parts.append("AsyncTP fusion expected but did not fire")
+    notes = [n for n in (expect.note, *missing_parts, timing.note) if n]
+    return {
+        **base,
+        "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
+        "variant": variant,
+        "reported_variant": variant + (MISSING_SUFFIX if missing_parts else ""),
+        "boundary": cfg.boundary,
+        "num_tokens": num_tokens,
+        "enable_sp": bool(cfg.enable_sp),
+        "enable_async_tp": bool(cfg.enable_async_tp),
+        "async_tp_min_tokens": int(cfg.async_tp_min_tokens),
+        "config_hash": chash,
+        "config_json": cjson,
+        "latency_us": timing.median_us,
+        "p10_us": timing.p10_us,
+        "p90_us": timing.p90_us,
+        "repeats": timing.repeats,
+        "timing_method": timing.method,
+        "sp_rewrites": rewrites,
+        "n_all_reduce": int(counts.get("all_reduce", 0)),
+        "n_reduce_scatter": int(counts.get("reduce_scatter", 0)),
+        "n_all_gather": int(counts.get("all_gather", 0)),
+        "n_fused_ag_mm": int(counts.get("fused_all_gather_matmul", 0)),
+        "n_fused_mm_rs": int(counts.get("fused_matmul_reduce_scatter", 0)),
+        "sp_expected": expect.sp,
+        "fusion_expected": expect.fusion,
+        "fusion_fired": fired,
+        "fusion_missing": bool(missing_parts),
+        "note": "; ".join(notes) or None,
+    }
+
+
+def _progress_bar(*, total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="pt", desc="sweep", dynamic_ncols=True)
+
+
+def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
+    from sp_lab.models import build
+
+    return build(model_name, **kwargs)
+
+
+def _default_compile(model: torch.nn.Module, config: Any) -> Any:
+    import sp_lab
+
+    return sp_lab.compile(model, config)
+
+
+# ---------------------------------------------------------------------------------------------- launching
+def launch_sweep(
+    model_name: str,
+    *,
+    world_size: int = 2,
+    backend: str = "auto",
+    timeout: float = 3600.0,
+    store_dir: str | os.PathLike,
+    token_counts: Sequence[int],
+    variants: Sequence[str] = DEFAULT_VARIANTS,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    poll_s: float = 0.2,
+    **kwargs: Any,
+) -> SweepResult:
+    """Run :func:`run_sweep` on ``world_size`` fresh ranks (:func:`sp_lab.launch`) from this process.
+
+    ``on_row`` and the progress bar run *here*, not in the ranks: a watcher thread follows the store
+    and reports each row of this sweep as soon as rank 0 has put it on disk, so a notebook can update a
+    live plot while the ranks work. (``on_row`` is therefore called from that watcher thread.) Ctrl-C
+    stops the ranks; the rows already measured stay in the store and a rerun resumes.
+
+    ``kwargs`` go to :func:`run_sweep` (``config``, ``dtype``, ``warmup``, ``repeats``, ...).
+    Returns rank 0's :class:`SweepResult`.
+    """
+    from sp_lab.distributed.launch import launch
+
+    sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
+    store = SweepStore(Path(store_dir))
+    seen = set(store.parts())
+    total = len(list(variants)) * len(_check_token_counts(token_counts))
+    bar = _progress_bar(total=total, initial=0, enabled=progress)
+    stop = threading.Event()
+    watcher_error: list[BaseException] = []
+
+    def deliver() -> None:
+        new = store.read_new(seen)
+        for row in new.filter(new["sweep_id"] == sweep_id).iter_rows(named=True):
+            if bar is not None:
+                bar.set_description(f"{row['variant']} T={row['num_tokens']}")
+                bar.update(1)
+            if on_row is not None:
+                on_row(row)
+
+    def watch() -> None:
+        try:
+            while not stop.wait(poll_s):
+                deliver()
+        except BaseException as e:  # noqa: BLE001 - surfaced after the launch; never kill the ranks from here
+            watcher_error.append(e)
+
+    thread = threading.Thread(target=watch, name="sp_lab-sweep-watcher", daemon=True)
+    thread.start()
+    try:
+        results = launch(
+            run_sweep,
+            model_name,
+            world_size=world_size,
+            backend=backend,
+            timeout=timeout,
+            store_dir=str(store_dir),
+            token_counts=list(token_counts),
+            variants=list(variants),
+            progress=False,
+            sweep_id=sweep_id,
+            **kwargs,
+        )
+    finally:
+        stop.set()
+        thread.join()
+        if not watcher_error:
+            deliver()  # rows that landed after the watcher's last look
+        if bar is not None:
+            bar.close()
+    if watcher_error:
+        raise RuntimeError(f"on_row callback failed: {watcher_error[0]!r}") from watcher_error[0]
+    result: SweepResult = results[0]
+    if bar is not None and result.skipped:
+        print(f"resumed: {result.skipped} point(s) already in {store.path} were not measured again")
+    return result

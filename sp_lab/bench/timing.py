@@ -1,0 +1,199 @@
+"""Latency timers: warm up, then the median of repeats, aligned across tensor-parallel ranks.
+
+- CPU: ``time.perf_counter`` around each call, with a ``dist.barrier`` before every repeat so all
+  ranks start a step together (otherwise a rank that arrives late makes the others' collectives look
+  slow, and the numbers measure skew rather than the step).
+- CUDA: the call is captured once into a CUDA graph and replayed, timed with CUDA events. At small
+  token counts an eager forward is bound by host launch overhead (BACKGROUND.md section 3: ~0.2-0.3 ms
+  per eager fused op), which would swamp exactly the regime the threshold is about. If capture fails
+  (an op that syncs with the host, a collective backend that cannot be captured), timing falls back to
+  events around eager calls and says so in ``Timing.method`` and ``Timing.note``.
+
+A TP step is as slow as its slowest rank, so the latency of a step across ranks is the **maximum of
+the per-rank medians** (:func:`reduce_across_ranks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+TIMING_METHODS = ("perf_counter", "cuda_events", "cuda_graph")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Latency of one callable, in microseconds."""
+
+    median_us: float
+    """Median over ``repeats`` (after :func:`reduce_across_ranks`: the max of the per-rank medians)."""
+    p10_us: float
+    """10th percentile (of the rank with the largest median, after the reduction)."""
+    p90_us: float
+    """90th percentile (likewise)."""
+    repeats: int
+    """Number of timed calls per rank."""
+    method: str
+    """One of ``TIMING_METHODS``: how the calls were timed."""
+    note: str = ""
+    """Why a fallback happened (e.g. the CUDA-graph capture error), empty otherwise."""
+    rank_medians_us: tuple[float, ...] = ()
+    """Per-rank medians, in rank order (filled by :func:`reduce_across_ranks`)."""
+
+
+def _summarize(samples_us: list[float], *, method: str, note: str = "") -> Timing:
+    if not samples_us:
+        raise ValueError("no timing samples: repeats must be >= 1")
+    ordered = sorted(samples_us)
+    if len(ordered) >= 2:
+        deciles = statistics.quantiles(ordered, n=10, method="inclusive")
+        p10, p90 = deciles[0], deciles[-1]
+    else:
+        p10 = p90 = ordered[0]
+    return Timing(
+        median_us=statistics.median(ordered),
+        p10_us=p10,
+        p90_us=p90,
+        repeats=len(ordered),
+        method=method,
+        note=note,
+    )
+
+
+def _check_counts(warmup: int, repeats: int) -> None:
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+
+
+def _maybe_barrier(barrier: bool, group: dist.ProcessGroup | None) -> None:
+    if barrier and dist.is_available() and dist.is_initialized():
+        dist.barrier(group=group)
+
+
+def time_cpu(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    barrier: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> Timing:
+    """Time ``fn()`` on this rank with ``perf_counter``: ``warmup`` untimed calls, then ``repeats`` timed.
+
+    With ``barrier`` (and an initialized process group) every call starts after a barrier, so the
+    ranks' timed regions line up. Returns this rank's :class:`Timing`; combine ranks with
+    :func:`reduce_across_ranks`.
+    """
+    _check_counts(warmup, repeats)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        _maybe_barrier(barrier, group)
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    _maybe_barrier(barrier, group)
+    return _summarize(samples, method="perf_counter")
+
+
+def time_cuda(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    cuda_graph: bool = True,
+    barrier: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> Timing:
+    """Time ``fn()`` on the current CUDA device with CUDA events, replaying a CUDA graph of it if possible.
+
+    Warm-up runs eagerly on a side stream (as graph capture requires: it also lets lazy
+    initialisation and autotuning happen outside the capture). If ``cuda_graph`` and capture
+    succeeds, each timed repeat is one ``graph.replay()``; otherwise each is an eager call and
+    ``method`` is ``"cuda_events"`` with the capture error in ``note``.
+    """
+    _check_counts(warmup, repeats)
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_cuda needs a CUDA device; use time_cpu on CPU (or time_fn to pick)")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):  # capture needs at least one eager run first
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    run, method, note = fn, "cuda_events", ""
+    if cuda_graph:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+            torch.cuda.synchronize()
+            graph.replay()  # one untimed replay: the first can include lazy work
+            torch.cuda.synchronize()
+            run, method = graph.replay, "cuda_graph"
+        except Exception as e:  # noqa: BLE001 - capture fails in many ways; each means "time eagerly"
+            note = f"CUDA-graph capture failed, timed eager calls: {type(e).__name__}: {e}"[:500]
+            torch.cuda.synchronize()
+
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        _maybe_barrier(barrier, group)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)  # ms -> us
+    _maybe_barrier(barrier, group)
+    return _summarize(samples, method=method, note=note)
+
+
+def time_fn(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str,
+    warmup: int = 3,
+    repeats: int = 10,
+    cuda_graph: bool = True,
+    barrier: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> Timing:
+    """Pick :func:`time_cuda` for a CUDA ``device`` and :func:`time_cpu` otherwise."""
+    if torch.device(device).type == "cuda":
+        return time_cuda(
+            fn, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph, barrier=barrier, group=group
+        )
+    return time_cpu(fn, warmup=warmup, repeats=repeats, barrier=barrier, group=group)
+
+
+def reduce_across_ranks(timing: Timing, group: dist.ProcessGroup | None = None) -> Timing:
+    """Combine every rank's :class:`Timing` into the step's: the rank with the largest median wins.
+
+    Collective: every rank of ``group`` must call it; every rank gets the same result. Without an
+    initialized process group it returns ``timing`` with ``rank_medians_us`` filled.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return dataclasses.replace(timing, rank_medians_us=(timing.median_us,))
+    gathered: list[Timing | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, timing, group=group)
+    slowest = max(gathered, key=lambda t: t.median_us)
+    methods = {t.method for t in gathered}
+    notes = sorted({t.note for t in gathered if t.note})
+    return dataclasses.replace(
+        slowest,
+        # if the ranks disagree (one captured a graph, another could not) report the weakest method:
+        # the step then really contains eager host overhead
+        method=min(methods, key=TIMING_METHODS.index),
+        note="; ".join(notes),
+        rank_medians_us=tuple(t.median_us for t in gathered),
+    )

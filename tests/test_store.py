@@ -1,0 +1,199 @@
+"""The append-only sweep store: schema checks, atomic parts, corrupt parts, concurrent writers, compaction."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from sp_lab.bench.store import (
+    KEY_COLUMNS,
+    QUARANTINE_DIR,
+    ROW_SCHEMA,
+    SCHEMA_VERSION,
+    CorruptPartError,
+    SweepStore,
+    normalize_rows,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_row(num_tokens: int = 8, **overrides) -> dict:
+    """A complete, valid row (values are arbitrary but typed like a real sweep's)."""
+    row = {
+        "sweep_id": "s0",
+        "source": "measured",
+        "timestamp": "2025-01-01T00:00:00.000+00:00",
+        "model": "toy",
+        "hidden_size": 64,
+        "num_layers": 2,
+        "dtype": "float32",
+        "tp": 2,
+        "variant": "sp",
+        "reported_variant": "sp",
+        "boundary": "sharded",
+        "num_tokens": num_tokens,
+        "enable_sp": True,
+        "enable_async_tp": False,
+        "async_tp_min_tokens": 1,
+        "config_hash": "abc",
+        "config_json": "{}",
+        "latency_us": 100.0 + num_tokens,
+        "p10_us": 90.0,
+        "p90_us": 120.0,
+        "warmup": 1,
+        "repeats": 3,
+        "timing_method": "perf_counter",
+        "sp_rewrites": 4,
+        "n_all_reduce": 1,
+        "n_reduce_scatter": 4,
+        "n_all_gather": 4,
+        "n_fused_ag_mm": 0,
+        "n_fused_mm_rs": 0,
+        "sp_expected": True,
+        "fusion_expected": False,
+        "fusion_fired": False,
+        "fusion_missing": False,
+        "device_name": "cpu: test",
+        "device_count": 1,
+        "backend": "gloo",
+        "torch_version": "2.13.0",
+        "sp_lab_version": "0.1.0",
+        "hostname": "h",
+    }
+    row.update(overrides)
+    return row
+
+
+def test_append_then_read_round_trips_with_the_fixed_schema(tmp_path):
+    store = SweepStore(tmp_path / "s")
+    assert store.read().height == 0 and store.read().schema == pl.Schema(ROW_SCHEMA)
+    store.append([make_row(1)])
+    store.append([make_row(2), make_row(4)])
+    df = store.read()
+    assert df.schema == pl.Schema(ROW_SCHEMA)
+    assert df["num_tokens"].to_list() == [1, 2, 4]  # oldest part first
+    assert df["schema_version"].unique().to_list() == [SCHEMA_VERSION]
+    assert df["row_id"].is_unique().all()
+    assert len(store.parts()) == 2
+    assert store.done_keys(variant="sp") == set(df.select(KEY_COLUMNS).iter_rows())
+    assert store.done_keys(variant="baseline") == set()
+
+
+def test_rows_missing_provenance_or_with_bad_values_are_refused():
+    row = make_row()
+    del row["device_name"]
+    with pytest.raises(ValueError, match=r"row 0 lacks required columns \['device_name'\]"):
+        normalize_rows([row])
+    with pytest.raises(ValueError, match="row 1 lacks required columns.*'torch_version'"):
+        normalize_rows([make_row(), make_row(torch_version=None)])
+    with pytest.raises(ValueError, match=r"columns not in ROW_SCHEMA: \['speedup'\]"):
+        normalize_rows([make_row(speedup=1.2)])
+    with pytest.raises(ValueError, match="source='guessed' is not one of"):
+        normalize_rows([make_row(source="guessed")])
+    with pytest.raises(ValueError, match="unknown columns"):
+        SweepStore("unused").done_keys(colour="red")
+
+
+def test_a_store_path_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "rows.parquet"
+    f.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError, match="replay --from FILE"):
+        SweepStore(f)
+
+
+def test_temporary_files_of_a_writer_in_progress_are_invisible(tmp_path):
+    store = SweepStore(tmp_path)
+    store.append([make_row()])
+    (tmp_path / ".part-123.parquet.tmp").write_bytes(b"half a part")
+    assert store.read().height == 1
+
+
+def test_truncated_part_gets_a_clear_error_and_skip_corrupt_quarantines_it(tmp_path):
+    store = SweepStore(tmp_path)
+    store.append([make_row(1)])
+    bad = store.append([make_row(2)])
+    store.append([make_row(4)])
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # e.g. a copy cut short or a full disk
+
+    with pytest.raises(CorruptPartError, match=rf"corrupt part file in sweep store: .*{bad.name}") as info:
+        store.read()
+    assert info.value.path == bad and "skip_corrupt=True" in str(info.value)
+
+    with pytest.warns(UserWarning, match=f"moved corrupt part .*{bad.name}"):
+        df = store.read(skip_corrupt=True)
+    assert df["num_tokens"].to_list() == [1, 4]
+    assert (tmp_path / QUARANTINE_DIR / bad.name).exists() and not bad.exists()
+    # the next run resumes: the store reads cleanly and the lost row's key is simply not done
+    assert store.read().height == 2
+    assert {k[KEY_COLUMNS.index("num_tokens")] for k in store.done_keys()} == {1, 4}
+
+
+def test_done_keys_quarantines_by_default_so_a_resume_can_start(tmp_path):
+    store = SweepStore(tmp_path)
+    store.append([make_row(1)])
+    bad = store.append([make_row(2)])
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.warns(UserWarning, match="moved corrupt part"):
+        assert len(store.done_keys()) == 1
+
+
+_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[3])
+    from sp_lab.bench.store import SweepStore
+    from test_store import make_row
+    store = SweepStore(sys.argv[1])
+    while not os.path.exists(sys.argv[4]):  # start together, so the appends really interleave
+        time.sleep(0.005)
+    for i in range(50):
+        store.append([make_row(i + 1, sweep_id=sys.argv[2])])
+    """
+)
+
+
+def test_two_concurrent_writers_lose_nothing(tmp_path):
+    """Two processes appending 50 rows each, at the same time, to one store -> exactly 100 rows."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    tests_dir = str(Path(__file__).parent)
+    go = tmp_path.parent / "go"
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), name, tests_dir, str(go)], env=env)
+        for name in ("a", "b")
+    ]
+    go.touch()
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    df = SweepStore(tmp_path).read()
+    assert df.height == 100
+    assert df.group_by("sweep_id").len().sort("sweep_id")["len"].to_list() == [50, 50]
+    assert df["row_id"].is_unique().all()
+
+
+def test_compact_merges_parts_and_keeps_every_row_once(tmp_path):
+    store = SweepStore(tmp_path)
+    for t in range(1, 6):
+        store.append([make_row(t)])
+    before = store.read()
+    merged = store.compact()
+    assert store.parts() == [merged]
+    after = store.read()
+    assert after.sort("num_tokens").equals(before.sort("num_tokens"))
+    assert store.compact() is None  # one part: nothing to do
+
+
+def test_readers_drop_duplicates_left_by_an_interrupted_compaction(tmp_path):
+    store = SweepStore(tmp_path)
+    store.append([make_row(1)])
+    store.append([make_row(2)])
+    # a compaction that wrote its merged part and died before deleting the old parts
+    store.append(store.read())
+    assert len(store.parts()) == 3
+    assert store.read()["num_tokens"].sort().to_list() == [1, 2]

@@ -1,0 +1,308 @@
+"""Sweeps: provenance on every row, resume after an interruption, the fusion-missing flag.
+
+The model and compiler are small stand-ins (injected through ``build_fn`` / ``compile_fn``) so the
+tests measure the sweep machinery, not Inductor: the stand-in model still runs a real all_reduce on
+gloo between the ranks, and its report answers from the variant's config like the real one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import sp_lab
+from sp_lab.bench.store import KEY_COLUMNS, NULLABLE_COLUMNS, ROW_SCHEMA, SweepStore
+from sp_lab.bench.sweep import (
+    MISSING_SUFFIX,
+    expectation,
+    launch_sweep,
+    run_sweep,
+    variant_config,
+)
+from sp_lab.config import LabConfig
+from sp_lab.distributed.launch import RankError
+from sp_lab.models import ModelSpec
+
+TOKENS = [1, 4, 16, 64]
+
+
+class StandInModel(nn.Module):
+    """Embedding -> matmul -> all_reduce (when tp > 1) -> logits: TP-shaped, microseconds to run."""
+
+    def __init__(self, *, tp_size: int, num_layers: int = 2, hidden: int = 16, vocab: int = 32):
+        super().__init__()
+        self.tp_size = tp_size
+        self.embed = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(nn.Linear(hidden, hidden, bias=False) for _ in range(num_layers))
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.spec = ModelSpec(
+            name="stand-in",
+            hidden_size=hidden,
+            intermediate_size=hidden,
+            num_layers=num_layers,
+            num_heads=1,
+            num_kv_heads=1,
+            head_dim=hidden,
+            vocab_size=vocab,
+            dtype="float32",
+            residual_inplace=False,
+        )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+            if self.tp_size > 1:
+                dist.all_reduce(x)
+        return self.head(x)
+
+
+def stand_in_build(model_name, *, tp_rank, tp_size, num_layers, dtype, device, seed, **overrides):
+    torch.manual_seed(seed)
+    return StandInModel(tp_size=tp_size, num_layers=num_layers or 2).to(dtype=dtype, device=device)
+
+
+@dataclasses.dataclass
+class StandInReport:
+    """Answers like CompileReport from the config; ``break_fusion`` plays a fusion that never fires."""
+
+    config: LabConfig
+    num_layers: int
+    break_fusion: bool = False
+
+    def _active(self, t: int) -> tuple[bool, bool]:
+        r = self.config.range_for(t)
+        sp = self.config.tp_size > 1 and self.config.sp_active_for(r)
+        fused = sp and self.config.async_tp_active_for(r) and not self.break_fusion
+        return sp, fused
+
+    def sp_rewrites(self, t: int) -> int:
+        return 2 * self.num_layers if self._active(t)[0] else 0
+
+    def fusion_fired(self, t: int) -> bool:
+        return self._active(t)[1]
+
+    def op_counts(self, t: int) -> dict[str, int]:
+        sp, fused = self._active(t)
+        n = self.num_layers
+        if not sp:
+            return {
+                "all_reduce": 2 * n + 1,
+                "reduce_scatter": 0,
+                "all_gather": 0,
+                "fused_all_gather_matmul": 0,
+                "fused_matmul_reduce_scatter": 0,
+            }
+        if not fused:
+            return {
+                "all_reduce": 1,
+                "reduce_scatter": 2 * n,
+                "all_gather": 2 * n,
+                "fused_all_gather_matmul": 0,
+                "fused_matmul_reduce_scatter": 0,
+            }
+        return {
+            "all_reduce": 1,
+            "reduce_scatter": 0,
+            "all_gather": 0,
+            "fused_all_gather_matmul": 2 * n,
+            "fused_matmul_reduce_scatter": 2 * n,
+        }
+
+
+class StandInCompiled:
+    def __init__(self, model: StandInModel, config: LabConfig, break_fusion: bool = False):
+        self.model = model
+        self.report = StandInReport(config, model.spec.num_layers, break_fusion)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+
+def stand_in_compile(model, config):
+    return StandInCompiled(model, config)
+
+
+def compile_without_fusion(model, config):
+    """A compiler whose AsyncTP pass silently does nothing (the failure the flag exists for)."""
+    return StandInCompiled(model, config, break_fusion=True)
+
+
+class StopAfter(Exception):
+    pass
+
+
+def stop_after(k: int):
+    """An on_row callback that interrupts the sweep after k rows (rows are on disk by then)."""
+    seen = []
+
+    def on_row(row):
+        seen.append(row)
+        if len(seen) >= k:
+            raise StopAfter(f"interrupted after {k} rows")
+
+    return on_row
+
+
+def sweep_two_ranks(store_dir, **kwargs):
+    return launch_sweep(
+        "stand-in",
+        world_size=2,
+        backend="gloo",
+        timeout=120.0,
+        store_dir=store_dir,
+        build_fn=stand_in_build,
+        compile_fn=kwargs.pop("compile_fn", stand_in_compile),
+        warmup=1,
+        repeats=3,
+        progress=False,
+        config=LabConfig(tp_size=2, async_tp_min_tokens=16),
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ variants
+def test_variant_configs_are_what_their_names_say():
+    base = LabConfig(tp_size=2, async_tp_min_tokens=256, boundary="gather")
+    assert not variant_config("baseline", base).enable_sp
+    sp = variant_config("sp", base)
+    assert sp.enable_sp and not sp.enable_async_tp and sp.async_tp_min_tokens == 1
+    both = variant_config("sp+async_tp", base)
+    assert both.enable_sp and both.enable_async_tp and both.async_tp_min_tokens == 1
+    assert variant_config("tuned", base) == base
+    assert all(variant_config(v, base).boundary == "gather" for v in ("baseline", "sp", "tuned"))
+    assert base.async_tp_min_tokens == 256  # the caller's config is untouched
+    with pytest.raises(ValueError, match="unknown variant 'fast'.*baseline"):
+        variant_config("fast", base)
+
+
+def test_expectation_follows_the_configs_gate():
+    tuned = LabConfig(tp_size=2, async_tp_min_tokens=128)
+    assert expectation(tuned, 64) == expectation(tuned, 64)
+    assert not expectation(tuned, 64).fusion and not expectation(tuned, 64).sp
+    assert "gated off" in expectation(tuned, 64).note
+    assert expectation(tuned, 128).fusion and expectation(tuned, 128).sp
+    assert not expectation(dataclasses.replace(tuned, tp_size=1), 512).fusion
+
+
+# ------------------------------------------------------------------------------------------------ one rank
+def test_single_process_sweep_without_process_group(tmp_path):
+    """tp=1 runs in the calling process (no launch): rows are written and nothing is 'expected'."""
+    result = run_sweep(
+        "stand-in",
+        token_counts=[2, 8],
+        store_dir=tmp_path,
+        config=LabConfig(tp_size=1),
+        variants=["baseline", "sp+async_tp"],
+        warmup=0,
+        repeats=2,
+        progress=False,
+        build_fn=stand_in_build,
+        compile_fn=stand_in_compile,
+    )
+    df = SweepStore(tmp_path).read()
+    assert df.height == 4 == len(result.rows)
+    assert df["backend"].unique().to_list() == ["none"] and df["tp"].unique().to_list() == [1]
+    assert not df["fusion_missing"].any()  # tp=1: SP has nothing to rewrite, so none is missing
+
+
+def test_bad_arguments_are_named():
+    common = {
+        "store_dir": "unused",
+        "build_fn": stand_in_build,
+        "compile_fn": stand_in_compile,
+        "progress": False,
+    }
+    with pytest.raises(ValueError, match="tp_size=2 but the process group has world_size=1"):
+        run_sweep("stand-in", token_counts=[1], tp_size=2, **common)
+    with pytest.raises(ValueError, match=r"token counts must be positive ints, got \[0\]"):
+        run_sweep("stand-in", token_counts=[0, 4], **common)
+    with pytest.raises(ValueError, match="unknown or no variants"):
+        run_sweep("stand-in", token_counts=[1], variants=["sp", "turbo"], **common)
+    with pytest.raises(ValueError, match="exceed config.max_num_tokens=8"):
+        run_sweep(
+            "stand-in",
+            token_counts=[4, 16],
+            config=LabConfig(tp_size=1, max_num_tokens=8, async_tp_min_tokens=4),
+            **common,
+        )
+    with pytest.raises(ValueError, match="dtype='float33'"):
+        run_sweep("stand-in", token_counts=[1], dtype="float33", config=LabConfig(tp_size=1), **common)
+
+
+# ------------------------------------------------------------------------------------------------ two ranks
+def test_two_rank_sweep_rows_have_full_provenance_then_resume_after_interruption(tmp_path):
+    store_dir = tmp_path / "sweeps"
+    streamed = []
+
+    # 1) interrupted: rank 0's on_row raises after 5 rows (run_sweep inside the ranks, no watcher)...
+    with pytest.raises(RankError, match="interrupted after 5 rows"):
+        sp_lab.launch(
+            run_sweep,
+            "stand-in",
+            world_size=2,
+            backend="gloo",
+            timeout=120.0,
+            store_dir=store_dir,
+            token_counts=TOKENS,
+            variants=["baseline", "sp", "sp+async_tp"],
+            build_fn=stand_in_build,
+            compile_fn=stand_in_compile,
+            warmup=1,
+            repeats=3,
+            progress=False,
+            config=LabConfig(tp_size=2, async_tp_min_tokens=16),
+            on_row=stop_after(5),
+        )
+    first = SweepStore(store_dir).read()
+    assert first.height == 5  # ...but every row measured before the failure is on disk
+
+    # 2) resumed: measures only the 7 missing points, loses nothing, duplicates nothing
+    result = sweep_two_ranks(
+        store_dir, token_counts=TOKENS, variants=["baseline", "sp", "sp+async_tp"], on_row=streamed.append
+    )
+    assert result.skipped == 5 and len(result.rows) == 7
+    assert len(streamed) == 7  # the parent's watcher saw each new row
+    df = SweepStore(store_dir).read()
+    assert df.height == 12
+    assert df.select(KEY_COLUMNS).is_unique().all()
+    assert set(first["row_id"]) <= set(df["row_id"])
+
+    # provenance: every column but the free-text note is set on every row
+    required = [c for c in ROW_SCHEMA if c not in NULLABLE_COLUMNS]
+    nulls = {c: n for c, n in df.select(pl.col(required).null_count()).row(0, named=True).items() if n}
+    assert not nulls, f"null provenance columns: {nulls}"
+    row = df.row(0, named=True)
+    assert row["tp"] == 2 and row["backend"] == "gloo" and row["device_count"] == 1
+    assert row["source"] == "measured" and row["torch_version"] == torch.__version__
+    assert row["device_name"].startswith("cpu") and row["timing_method"] == "perf_counter"
+    assert (df["latency_us"] > 0).all()
+    # the stand-in's report is read per token count: SP rewrites and fused ops where they ran
+    fused = df.filter(pl.col("variant") == "sp+async_tp")
+    assert (fused["n_fused_ag_mm"] > 0).all() and fused["fusion_fired"].all()
+    assert not df["fusion_missing"].any()
+
+    # 3) nothing left to do: no compile, no rows
+    again = sweep_two_ranks(store_dir, token_counts=TOKENS, variants=["baseline", "sp", "sp+async_tp"])
+    assert again.skipped == 12 and again.rows == []
+
+
+def test_fusion_that_did_not_fire_is_flagged_not_reported_as_the_variant(tmp_path):
+    result = sweep_two_ranks(
+        tmp_path, token_counts=[4, 32], variants=["sp+async_tp", "tuned"], compile_fn=compile_without_fusion
+    )
+    df = SweepStore(tmp_path).read().sort("variant", "num_tokens")
+    by = {(r["variant"], r["num_tokens"]): r for r in df.iter_rows(named=True)}
+    # sp+async_tp expects fusion everywhere; tuned (min 16) only at 32 tokens
+    assert by[("sp+async_tp", 4)]["fusion_missing"] and by[("sp+async_tp", 32)]["fusion_missing"]
+    assert by[("tuned", 32)]["fusion_missing"]
+    assert not by[("tuned", 4)]["fusion_missing"]  # gated off on purpose: nothing is missing
+    assert by[("tuned", 32)]["reported_variant"] == "tuned" + MISSING_SUFFIX
+    assert by[("tuned", 4)]["reported_variant"] == "tuned"
+    assert "did not fire" in by[("sp+async_tp", 4)]["note"]
+    assert len(result.fusion_missing) == 3
