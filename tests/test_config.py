@@ -366,7 +366,9 @@ def test_effective_tp1_without_group():
     assert (eff.enable_sp, eff.enable_async_tp, eff.backend, eff.tp_size) == (False, False, "none", 1)
     assert "enable_sp: tp_size 1: no collectives to rewrite" in eff.reasons
     assert "enable_async_tp: tp_size 1: no collectives to rewrite" in eff.reasons
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        assert eff.cudagraphs and eff.device.startswith("cuda:")
+    else:
         assert eff.cudagraphs is False and any(
             r.startswith("cudagraphs: CUDA is not available") for r in eff.reasons
         )
@@ -436,6 +438,21 @@ def test_effective_gloo_two_ranks():
     assert eff.fused_op_impl == "cpu_chunked" and not eff.symm_mem and not eff.cudagraphs
     assert any("correctness path" in r for r in eff.reasons)
     _assert_every_drop_has_a_reason(config, eff)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU for an NCCL group")
+def test_effective_nccl_world_of_one(tmp_path):
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        config = LabConfig(tp_size=1, cudagraphs=True)
+        eff = enable_sp_and_async_tp(config)
+        assert (eff.backend, eff.device, eff.cudagraphs, eff.tp_size) == ("nccl", "cuda:0", True, 1)
+        assert not eff.enable_sp and not eff.symm_mem and eff.fused_op_impl == "none"
+        _assert_every_drop_has_a_reason(config, eff)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.multigpu
