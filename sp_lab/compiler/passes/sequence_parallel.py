@@ -93,9 +93,24 @@ class _Rewriter:
     # -- sizes -------------------------------------------------------------------------------------------------
     def _setup_sizes(self, first_input: fx.Node) -> None:
         self.tokens_val = first_input.meta["val"].shape[0]
-        # Size arithmetic goes right after the first all_reduce input, which precedes every rewrite point.
-        with self.graph.inserting_before(first_input.next):
-            self.tokens = self.b.size(first_input, 0)
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        # Read the token count off a graph input, so the size arithmetic precedes every rewrite point and
+        # adds no user to the nodes being rewritten.
+        source = next(
+            (
+                p
+                for p in placeholders
+                if (is_tensor_node(p) and p.meta["val"].dim() >= 1 and same_size(p.meta["val"].shape[0], self.tokens_val))
+                or (isinstance(p.meta.get("val"), torch.SymInt) and same_size(p.meta["val"], self.tokens_val))
+            ),
+            first_input,
+        )
+        anchor = placeholders[-1] if source.op == "placeholder" else source
+        with self.graph.inserting_before(anchor.next):
+            if isinstance(source.meta["val"], torch.SymInt):
+                self.tokens = source
+            else:
+                self.tokens = self.b.size(source, 0)
             self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
             chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
             self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
