@@ -206,24 +206,21 @@ def symm_mem_fused_impl(group_name: str) -> FusedMatmul:
     return fused
 
 
-def _default_fused_impl(device: torch.device, group_name: str | None) -> FusedMatmul:
-    if device.type == "cuda":
-        if group_name is None:
-            raise ValueError(
-                "measuring the CUDA fused ops needs group_name= of a process group with symmetric memory "
-                "enabled (see sp_lab.distributed.collectives.maybe_enable_symm_mem), or pass fused_impl="
-            )
-        return symm_mem_fused_impl(group_name)
-    # The CPU chunked implementation lives in the compiler layer (below this one).
-    from sp_lab.compiler import fused_ops  # lazy: heavy, and optional for tests
-
+def _default_fused_impl(device: torch.device, group_name: str | None, tp: int) -> FusedMatmul:
     if group_name is None:
-        raise ValueError(f"measuring fused ops on {device} needs group_name= (or pass fused_impl=)")
+        raise ValueError(
+            f"measuring fused ops on {device} needs group_name= of the TP process group (on CUDA with "
+            "symmetric memory enabled: sp_lab.distributed.collectives.maybe_enable_symm_mem), or fused_impl="
+        )
+    if device.type == "cuda":
+        return symm_mem_fused_impl(group_name)
+    # The CPU chunked ops live in the compiler layer, below this one; imported lazily (registers custom ops).
+    from sp_lab.compiler import fused_ops
 
     def fused(a: torch.Tensor, b: torch.Tensor, shape: MatmulShape) -> torch.Tensor:
         if shape.side == "ag":
-            return fused_ops.fused_all_gather_matmul(a, [b], 0, group_name)[1][0]
-        return fused_ops.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name)
+            return fused_ops.fused_all_gather_matmul(a, b, group_name, tp)
+        return fused_ops.fused_matmul_reduce_scatter(a, b, group_name, tp)
 
     return fused
 
@@ -296,7 +293,7 @@ def measure_matmuls(
     import polars as pl  # kept lazy: see module docstring
 
     device = torch.device(device)
-    fused_impl = fused_impl or _default_fused_impl(device, group_name)
+    fused_impl = fused_impl or _default_fused_impl(device, group_name, tp)
     unfused_impl = unfused_impl or _unfused_impl(group, tp)
     on_cuda = device.type == "cuda"
     timer_name = "cuda_graph" if on_cuda else "wall"
