@@ -381,7 +381,7 @@ def predict_sweep(
         mm_sum = float(mms["mm_us"].sum())
         act = t_pad * hidden * dtype_bytes
         ar = comm.collective_us("all_reduce", act, tp)
-        rs, ag = comm.collective_us("reduce_scatter", act, tp), comm.collective_us("all_gather", act, tp)
+        # sp / sp+async_tp: each matmul row already carries its own reduce_scatter or all_gather (comm_us)
         norm_full = 2 * _norm_us(t_pad, hidden, dtype_bytes, hbm_gbps)
         norm_shard = 2 * _norm_us(t_pad // tp, hidden, dtype_bytes, hbm_gbps)
         decisions = {"baseline": None, "sp": [False] * 4, "sp+async_tp": [True] * 4}

@@ -25,8 +25,8 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sp_lab.tuning.microbench import _spec_dims, tp_matmul_shapes  # noqa: E402
-from sp_lab.tuning.simulate import (  # noqa: E402
+from sp_lab.tuning.microbench import _spec_dims, tp_matmul_shapes
+from sp_lab.tuning.simulate import (
     CHUNKING_TP8_JSON,
     H200_NVLINK,
     MatmulTable,
