@@ -55,7 +55,8 @@ class DecoderConfig:
     vocab_size: int
     """Rows of the embedding and of the LM head."""
     head_dim: int | None = None
-    """Per-head width; ``None`` means ``hidden_size // num_heads`` (HF's default)."""
+    """Per-head width as configured; ``None`` means ``hidden_size // num_heads`` (HF's default).
+    Kept unresolved so that overriding ``hidden_size``/``num_heads`` re-derives it; use :attr:`head_size`."""
     rms_norm_eps: float = 1e-5
     """Epsilon inside every RMSNorm."""
     rope_theta: float = 10000.0
@@ -76,13 +77,11 @@ class DecoderConfig:
     """Where the numbers come from (a URL for presets, a path for checkpoints)."""
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(
-                    f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}; "
-                    "set head_dim explicitly"
-                )
-            self.head_dim = self.hidden_size // self.num_heads
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}; "
+                "set head_dim explicitly"
+            )
         for key in (
             "hidden_size",
             "intermediate_size",
@@ -102,7 +101,12 @@ class DecoderConfig:
                 f"model_type={self.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
             )
         # Validate rope_scaling now rather than at the first forward.
-        RotaryEmbedding(self.head_dim, self.rope_theta, self.rope_scaling, device="meta")
+        RotaryEmbedding(self.head_size, self.rope_theta, self.rope_scaling, device="meta")
+
+    @property
+    def head_size(self) -> int:
+        """The per-head width in effect: ``head_dim`` or ``hidden_size // num_heads``."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -205,9 +209,9 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.num_heads = tp.shard(cfg.num_heads, "num_heads (num_attention_heads)")
         self.num_kv_heads = tp.shard(cfg.num_kv_heads, "num_kv_heads (num_key_value_heads)")
-        self.head_dim = cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.head_dim = cfg.head_size
+        self.scale = cfg.head_size**-0.5
+        q_size, kv_size = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size
         self.qkv_proj = ColumnParallelLinear(
             cfg.hidden_size,
             [q_size, kv_size, kv_size],
@@ -220,7 +224,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             q_size, cfg.hidden_size, tp=tp, checkpoint_name="o_proj", dtype=dtype, device=device
         )
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device=device)
+        self.rotary_emb = RotaryEmbedding(cfg.head_size, cfg.rope_theta, cfg.rope_scaling, device=device)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split(list(self.qkv_proj.local_output_sizes), dim=-1)
@@ -349,7 +353,7 @@ class LlamaForCausalLM(nn.Module):
             num_layers=cfg.num_layers,
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
+            head_dim=cfg.head_size,
             vocab_size=cfg.vocab_size,
             dtype=str(dtype).removeprefix("torch."),
             residual_inplace=cfg.residual_inplace,
