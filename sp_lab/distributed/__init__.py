@@ -8,20 +8,25 @@
   :func:`maybe_enable_symm_mem`, :func:`device_for_rank`.
 """
 
+from importlib import import_module
+
 from sp_lab.distributed.collectives import (
     device_for_rank,
     fake_process_group,
     maybe_enable_symm_mem,
     tp_group_name,
 )
-from sp_lab.distributed.launch import (
-    LaunchError,
-    LaunchTimeout,
-    RankError,
-    RankInfo,
-    init_from_env,
-    resolve_backend,
-    run_under_torchrun,
+
+# Resolved on first use, so that `python -m sp_lab.distributed.launch` (torchrun's entry) does not find
+# its own module imported already by this package (runpy warns about exactly that).
+_FROM_LAUNCH = (
+    "LaunchError",
+    "LaunchTimeout",
+    "RankError",
+    "RankInfo",
+    "init_from_env",
+    "resolve_backend",
+    "run_under_torchrun",
 )
 
 __all__ = [
@@ -37,3 +42,9 @@ __all__ = [
     "run_under_torchrun",
     "tp_group_name",
 ]
+
+
+def __getattr__(name: str):
+    if name in _FROM_LAUNCH:
+        return getattr(import_module("sp_lab.distributed.launch"), name)
+    raise AttributeError(f"module 'sp_lab.distributed' has no attribute {name!r}")
