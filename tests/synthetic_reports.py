@@ -358,7 +358,7 @@ def write_fixtures(directory: Path = DATA_DIR) -> list[Path]:
             (f"synthetic_llama_{strategy}", make_report(LLAMA_3_8B, tp=2, strategy=strategy, num_layers=4)),
         ):
             path = directory / f"{stem}.json"
-            path.write_text(json.dumps(report, indent=1) + "\n")
+            path.write_text(json.dumps(report, separators=(",", ":")) + "\n")  # compact: fixtures are read, not diffed
             written.append(path)
     return written
 

@@ -263,7 +263,10 @@ class BoundaryLabel:
 
 @dataclass(frozen=True)
 class PieceGroup:
-    """A run of identical layers collapsed into one box: ``repeats`` copies of a ``period``-piece block."""
+    """A run of identical layers collapsed into one box: ``repeats`` copies of a ``period``-piece block.
+
+    The run ends on a compiled piece, so the last copy may lack its trailing splitting op.
+    """
 
     id: str
     """Stable id ("g0", "g1", ...) to pass to ``plot_overview(expand=[...])``."""
@@ -453,9 +456,14 @@ def _collapse(pieces: Sequence[PieceBox], boundaries: Sequence[BoundaryLabel], f
             i += 1
             continue
         repeats, period = best
-        groups.append(PieceGroup(id=f"g{len(groups)}", pieces=tuple(p.index for p in pieces[i:i + repeats * period]),
+        end = i + repeats * period
+        # End on a compiled piece ("pieces 2-62 x31" for 31 layers): the last repeat's trailing splitting
+        # op stays visible beside the group, as the first one before it does.
+        while end - 1 > i and pieces[end - 1].kind != "compiled":
+            end -= 1
+        groups.append(PieceGroup(id=f"g{len(groups)}", pieces=tuple(p.index for p in pieces[i:end]),
                                  period=period, repeats=repeats))
-        i += repeats * period
+        i = end
     return tuple(groups)
 
 
@@ -530,7 +538,7 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
             labels["hover"].append(f"<b>{item.label}</b> ({item.id}): {item.repeats} identical blocks of "
                                    f"{item.period} pieces<br>" + "<br>".join(_piece_hover(p) for p in block))
             y = -0.3
-            for p in block[:-1]:
+            for p in block:  # with two or more repeats every boundary of the block is also inside the group
                 inner = data.boundary_after(p.index)
                 if inner is not None:
                     y = put_tensors(x + w / 2, inner, y, prefix="↳ ")
@@ -1005,14 +1013,14 @@ def emit_trace(report: Any, *, include_overview: bool = True) -> bool:
         return False
     # Outside a compile there is no trace id; saying so stops torch from logging our stack every time.
     extra = {"expect_trace_id": False} if "expect_trace_id" in params else {}
-    payload = json.dumps(report)
+    # Dict payloads are serialised by torch with one value per line, which keeps tlparse's lines short.
     trace_structured("artifact", metadata_fn=lambda: {"name": "sp_lab_compile_report", "encoding": "json"},
-                     payload_fn=lambda: payload, **extra)
+                     payload_fn=lambda: report, **extra)
     if include_overview:
         for ri in range(len(report["ranges"])):
             name = f"sp_lab_overview_{ri}"
             trace_structured("artifact", metadata_fn=lambda name=name: {"name": name, "encoding": "json"},
-                             payload_fn=lambda ri=ri: json.dumps(overview_data(report, ri).to_dict()), **extra)
+                             payload_fn=lambda ri=ri: overview_data(report, ri).to_dict(), **extra)
     return True
 
 
