@@ -8,6 +8,13 @@ gloo between the ranks, and its report answers from the variant's config like th
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -29,6 +36,7 @@ from sp_lab.distributed.launch import RankError
 from sp_lab.models import ModelSpec
 
 TOKENS = [1, 4, 16, 64]
+REPO = Path(__file__).resolve().parents[1]
 
 
 class StandInModel(nn.Module):
@@ -306,3 +314,50 @@ def test_fusion_that_did_not_fire_is_flagged_not_reported_as_the_variant(tmp_pat
     assert by[("tuned", 4)]["reported_variant"] == "tuned"
     assert "did not fire" in by[("sp+async_tp", 4)]["note"]
     assert len(result.fusion_missing) == 3
+
+
+class SlowCompiled(StandInCompiled):
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.01)  # slow enough that the kill lands mid-sweep
+        return super().__call__(input_ids)
+
+
+def slow_compile(model, config):
+    return SlowCompiled(model, config)
+
+
+_KILLED_SWEEP = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from test_sweep import TOKENS, slow_compile, sweep_two_ranks
+    sweep_two_ranks(sys.argv[1], token_counts=TOKENS, variants=["baseline", "sp", "sp+async_tp"],
+                    compile_fn=slow_compile)
+    """
+)
+
+
+def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_rows(tmp_path):
+    """SIGKILL the process that launched the ranks (they die with it); a rerun finishes the job."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SWEEP, str(tmp_path), str(Path(__file__).parent)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    store = SweepStore(tmp_path)
+    deadline = time.monotonic() + 60
+    while len(store.parts()) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    before = store.read()
+    assert 3 <= before.height < 12, "the kill should land part-way through the sweep"
+
+    result = sweep_two_ranks(tmp_path, token_counts=TOKENS, variants=["baseline", "sp", "sp+async_tp"])
+    after = store.read()
+    # rows killed in flight were never on disk; every row that was is kept and not measured again
+    assert result.skipped + len(result.rows) == 12 and result.skipped >= before.height
+    assert after.height == 12 and after.select(KEY_COLUMNS).is_unique().all()
+    assert set(before["row_id"]) <= set(after["row_id"])

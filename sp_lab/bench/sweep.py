@@ -241,6 +241,7 @@ def run_sweep(
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     sweep_id: str | None = None,
+    reports_dir: str | os.PathLike | None = None,
     build_fn: Callable[..., torch.nn.Module] | None = None,
     compile_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
 ) -> SweepResult:
@@ -261,6 +262,8 @@ def run_sweep(
         progress: a tqdm progress bar on rank 0.
         on_row: called on rank 0 with each row right after it is on disk (e.g. to update a live plot).
         sweep_id: label of this run's rows (default: a fresh uuid).
+        reports_dir: if given, rank 0 saves each compiled variant's CompileReport there as
+            ``<variant>.json`` after measuring it (for ``python -m sp_lab report``).
         build_fn: ``build_fn(model_name, tp_rank=, tp_size=, num_layers=, dtype=, device=, seed=, **overrides)``
             (default :func:`sp_lab.models.build`); a stand-in for tests.
         compile_fn: ``compile_fn(model, config) -> compiled`` with ``compiled(input_ids)`` and
@@ -379,6 +382,9 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
+            if reports_dir is not None and rank == 0:
+                Path(reports_dir).mkdir(parents=True, exist_ok=True)
+                (Path(reports_dir) / f"{variant}.json").write_text(compiled.report.to_json())
     finally:
         if bar is not None:
             bar.close()

@@ -1,0 +1,230 @@
+"""The headless CLI: fast --help, argument errors, export / report / replay on stored rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_store import make_row
+
+from sp_lab import cli
+from sp_lab.bench.store import SweepStore
+from sp_lab.config import LabConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _python_m_sp_lab(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "sp_lab", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def curve_rows(**overrides) -> list[dict]:
+    """Rows of a 3-variant sweep where fusion pays from 64 tokens on (like BACKGROUND section 3)."""
+    rows = []
+    for t in (1, 4, 16, 64, 256):
+        base = 100.0 + t
+        for variant, latency in (
+            ("baseline", base),
+            ("sp", base * 1.02),
+            ("sp+async_tp", base * (1.3 if t < 64 else 0.8)),
+        ):
+            rows.append(
+                make_row(
+                    t,
+                    variant=variant,
+                    reported_variant=variant,
+                    latency_us=latency,
+                    config_hash=variant,
+                    **overrides,
+                )
+            )
+    return rows
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    path = tmp_path / "sweeps"
+    SweepStore(path).append(curve_rows())
+    return path
+
+
+def test_help_is_fast_and_imports_nothing_heavy():
+    start = time.perf_counter()
+    result = _python_m_sp_lab("--help")
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    for command in cli.COMMANDS:
+        assert command in result.stdout
+    assert elapsed < 2.0, f"python -m sp_lab --help took {elapsed:.2f} s"
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, sp_lab.cli; sp_lab.cli.build_parser(); "
+                "print(sorted(m for m in ('torch', 'polars', 'plotly') if m in sys.modules))"
+            ),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sweep", "--tokens", "1,x"], "expected comma-separated token counts"),
+        (["sweep", "--tokens", "0,4"], "token counts must be positive integers"),
+        (["sweep", "--variants", "sp,turbo"], "unknown variants ['turbo']"),
+        (["run", "--tp", "0"], "expected a positive integer, got 0"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_argument_errors_name_the_bad_value(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_variants_match_the_sweeps():
+    from sp_lab.bench.sweep import DEFAULT_VARIANTS, VARIANTS
+
+    assert cli.VARIANTS == VARIANTS and cli.REFERENCE_VARIANTS == DEFAULT_VARIANTS
+
+
+def test_export_with_an_explicit_threshold_writes_a_tuned_config_with_provenance(store, tmp_path, capsys):
+    assert (
+        cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path / "cfg")]) == 0
+    )
+    (path,) = (tmp_path / "cfg").glob("*.json")
+    assert "device_name=cpu_test" in path.name and "tp=2" in path.name
+    assert str(path) in capsys.readouterr().out
+    config = LabConfig.from_json(path)
+    assert config.async_tp_min_tokens == 64 and config.enable_async_tp and config.tp_size == 2
+    provenance = json.loads(path.read_text())["provenance"]
+    assert provenance["data_hash"] == cli.data_hash(SweepStore(store).read())
+    assert provenance["sweep_rows"] == 15
+
+
+def test_rows_of_several_setups_must_be_narrowed_down(store, tmp_path, capsys):
+    SweepStore(store).append(curve_rows(tp=4))
+    assert cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "rows from 2 different setups" in err and "tp=2" in err and "tp=4" in err
+    assert (
+        cli.main(["export", "--store", str(store), "--tp", "4", "--threshold", "64", "--out", str(tmp_path)])
+        == 0
+    )
+
+
+def test_missing_store_and_corrupt_part_are_clear_errors(store, tmp_path, capsys):
+    assert cli.main(["export", "--store", str(tmp_path / "nope"), "--threshold", "8"]) == 2
+    assert "no sweep store at" in capsys.readouterr().err
+    bad = SweepStore(store).append([make_row(512)])
+    bad.write_bytes(bad.read_bytes()[:40])
+    assert cli.main(["export", "--store", str(store), "--threshold", "8", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert bad.name in err and "--skip-corrupt" in err
+    with pytest.warns(UserWarning, match="moved corrupt part"):
+        assert (
+            cli.main(
+                [
+                    "export",
+                    "--store",
+                    str(store),
+                    "--threshold",
+                    "8",
+                    "--skip-corrupt",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
+
+
+def test_report_marks_fusion_missing_rows(store, tmp_path, capsys):
+    SweepStore(store).append(
+        [
+            make_row(
+                256,
+                variant="tuned",
+                reported_variant="tuned [fusion missing]",
+                fusion_missing=True,
+                fusion_expected=True,
+                config_hash="t",
+            )
+        ]
+    )
+    out = tmp_path / "r.html"
+    assert cli.main(["report", "--store", str(store), "--out", str(out), "--cdn"]) == 0
+    page = out.read_text()
+    assert "plotly" in page and "1 row(s) expected SP or AsyncTP fusion that did not run" in page
+    assert "tuned [fusion missing]" in page
+    assert str(out) in capsys.readouterr().out
+
+
+def test_replay_imports_rows_as_replayed_once(store, tmp_path):
+    recorded = tmp_path / "recorded.parquet"
+    rows = SweepStore(store).read()
+    rows.with_columns(
+        pl.when(pl.col("num_tokens") == 1)
+        .then(pl.lit("simulated"))
+        .otherwise(pl.col("source"))
+        .alias("source")
+    ).write_parquet(recorded)
+    dest = tmp_path / "replayed"
+    assert cli.main(["replay", str(recorded), "--store", str(dest)]) == 0
+    assert cli.main(["replay", str(recorded), "--store", str(dest)]) == 0  # idempotent
+    got = SweepStore(dest).read()
+    assert got.height == 15
+    assert got.group_by("source").len().sort("source").rows() == [("replayed", 12), ("simulated", 3)]
+
+
+def test_replay_refuses_rows_without_provenance(tmp_path, capsys):
+    thin = tmp_path / "thin.csv"
+    pl.DataFrame({"num_tokens": [1], "latency_us": [3.0]}).write_csv(thin)
+    assert cli.main(["replay", str(thin), "--store", str(tmp_path / "s")]) == 2
+    assert "lacks columns" in capsys.readouterr().err
+
+
+def test_tune_recommends_the_threshold_with_least_regret(store, tmp_path, capsys):
+    out = tmp_path / "rec.json"
+    assert cli.main(["tune", "--store", str(store), "--json", str(out)]) == 0
+    assert "async_tp_min_tokens=64" in capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    assert rec["async_tp_min_tokens"] == 64 and not rec["never_fuse"] and rec["rows"] == 15
+
+
+def test_export_tunes_when_no_threshold_is_given(store, tmp_path):
+    assert cli.main(["export", "--store", str(store), "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.json")
+    assert LabConfig.from_json(path).async_tp_min_tokens == 64
+    assert json.loads(path.read_text())["provenance"]["recommendation"]["async_tp_min_tokens"] == 64
+
+
+def test_simulated_rows_are_tuned_on_only_when_named(tmp_path, capsys):
+    store = tmp_path / "sim"
+    SweepStore(store).append(curve_rows(source="simulated"))
+    assert cli.main(["tune", "--store", str(store)]) == 2
+    assert "pass --source simulated" in capsys.readouterr().err
+    assert cli.main(["tune", "--store", str(store), "--source", "simulated"]) == 0
