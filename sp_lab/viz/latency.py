@@ -82,8 +82,9 @@ class LatencyData:
     thresholds: tuple[Threshold, ...]
     """Vertical markers."""
     regret: pl.DataFrame
-    """Columns curve, group, num_tokens, chosen_variant, chosen_us, best_variant, best_us, regret
-    (chosen / best - 1; 0 means the curve picked the fastest variant)."""
+    """Columns curve, group (legend suffix of the provenance group, "" for live rows), num_tokens,
+    chosen_variant, chosen_us, best_variant, best_us, regret (chosen / best - 1; 0 means the curve
+    picked the fastest variant)."""
     gate: tuple[str, str]
     """(variant below async_tp_min_tokens, variant at or above it) making up the gated curve."""
 
@@ -107,8 +108,9 @@ def _is_replayed(source: str) -> bool:
     return source not in (*LIVE_SOURCES, SIMULATED_SOURCE)
 
 
-def _series_label(variant: str, fusion_missing: bool, source: str, prov: Mapping, varying: Sequence[str]) -> str:
-    label = f"{variant} (fusion did not fire)" if fusion_missing else variant
+def _provenance_suffix(source: str, prov: Mapping, varying: Sequence[str]) -> str:
+    """What tells rows of this source/provenance apart in a legend ("" for plain live rows)."""
+    label = ""
     if source == SIMULATED_SOURCE:
         label += " (simulated)"
     elif _is_replayed(source):
@@ -140,6 +142,13 @@ def latency_data(rows: pl.DataFrame | Sequence[Mapping], *, async_tp_min_tokens:
               .agg(pl.col("latency_us").median(), pl.col("p10_us").median(), pl.col("p90_us").median(),
                    n=pl.len())
               .sort("num_tokens"))
+    # "group": the legend suffix of a provenance group; regret is computed within each group.
+    key = pl.concat_str([pl.col(c).cast(pl.String).fill_null("?") for c in _GROUP_COLUMNS], separator="|")
+    pooled = pooled.with_columns(_key=key)
+    suffixes = {r["_key"]: _provenance_suffix(r["source"], r, varying)
+                for r in pooled.select("_key", *_GROUP_COLUMNS).unique().iter_rows(named=True)}
+    pooled = pooled.with_columns(group=pl.col("_key").replace_strict(suffixes, return_dtype=pl.String)
+                                 ).drop("_key")
     order = {v: i for i, v in enumerate(VARIANTS)}
     keys = pooled.select(["variant", "fusion_missing", *_GROUP_COLUMNS]).unique(maintain_order=True)
     keys = sorted(keys.iter_rows(named=True),
@@ -156,7 +165,8 @@ def latency_data(rows: pl.DataFrame | Sequence[Mapping], *, async_tp_min_tokens:
         prov = {c: key[c] for c in PROVENANCE_COLUMNS}
         simulated = key["source"] == SIMULATED_SOURCE
         series.append(LatencySeries(
-            label=_series_label(key["variant"], key["fusion_missing"], key["source"], prov, varying),
+            label=(f"{key['variant']} (fusion did not fire)" if key["fusion_missing"] else key["variant"])
+            + _provenance_suffix(key["source"], prov, varying),
             variant=key["variant"], color=colors[key["variant"]],
             dash="dash" if simulated else ("dot" if key["fusion_missing"] else "solid"),
             hollow=bool(key["fusion_missing"]), source=key["source"], provenance=prov,
@@ -181,8 +191,6 @@ def _regret(pooled: pl.DataFrame, threshold: int | None, gate: tuple[str, str],
     valid = pooled.filter(~pl.col("fusion_missing"))
     if not valid.height:
         return pl.DataFrame(schema=_REGRET_SCHEMA)
-    group_expr = pl.concat_str([pl.col(c).cast(pl.String).fill_null("?") for c in _GROUP_COLUMNS], separator="|")
-    valid = valid.with_columns(group=group_expr)
     best = (valid.sort("latency_us").group_by(["group", "num_tokens"], maintain_order=True)
             .agg(best_variant=pl.col("variant").first(), best_us=pl.col("latency_us").first()))
     curves = []
@@ -215,14 +223,12 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
                      "array": (pts["p90_us"] - pts["latency_us"]).to_list(),
                      "arrayminus": (pts["latency_us"] - pts["p10_us"]).to_list()},
             hovertemplate="%{x} tokens: %{y:.1f} us<extra>" + s.label + "</extra>"), row=1, col=1)
-    regret = data.regret
-    multi_group = regret["group"].n_unique() > 1 if regret.height else False
-    for (curve, group), part in regret.group_by(["curve", "group"], maintain_order=True):
-        name = f"regret: {curve}" + (f" [{group}]" if multi_group else "")
+    for (curve, group), part in data.regret.group_by(["curve", "group"], maintain_order=True):
+        name = f"regret: {curve}{group}"
         color = "#000000" if curve == "gated" else VARIANT_COLORS.get(curve, "#9467bd")
         fig.add_trace(go.Scatter(
             x=part["num_tokens"].to_list(), y=(part["regret"] * 100).to_list(), name=name, meta=f"regret:{name}",
-            mode="lines+markers", line={"color": color, "dash": "dash" if group.startswith(SIMULATED_SOURCE)
+            mode="lines+markers", line={"color": color, "dash": "dash" if "(simulated)" in group
                                         else "solid"},
             customdata=list(zip(part["chosen_variant"].to_list(), part["best_variant"].to_list())),
             hovertemplate="%{x} tokens: +%{y:.1f}% (ran %{customdata[0]}, best %{customdata[1]})<extra></extra>"),
