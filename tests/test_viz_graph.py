@@ -137,6 +137,20 @@ def test_range_selection_and_errors(reports):
     assert graph.overview_data(ReportLike()).pieces == graph.overview_data(report).pieces
 
 
+def test_overview_of_80_layer_70b_report_is_fast():
+    """The issue's bar (< 2 s on CPU); benchmarks/bench_explorer.py measures it properly."""
+    import time
+
+    report = sr.llama_70b_tp8_report()
+    start = time.perf_counter()
+    data = graph.overview_data(report)
+    fig = graph.build_overview_figure(data)
+    elapsed = time.perf_counter() - start
+    assert len(data.pieces) == 161 and [g.label for g in data.groups] == ["pieces 2-158 x79"]
+    assert "pieces 2-158 x79" in _all_text(fig)
+    assert elapsed < 2.0, f"overview took {elapsed:.2f} s"
+
+
 # ------------------------------------------------------------------------------------------ drill-down
 
 def test_piece_diff_shows_what_the_passes_changed(reports):
