@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-import torch.fx as fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch import fx
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, register_replacement
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers torch.ops.sp_lab.fused_*)
 from sp_lab.rules import MatmulRule

@@ -1,0 +1,70 @@
+"""Split a captured graph at its splitting ops (attention) into pieces.
+
+Each splitting op gets a partition of its own; everything between two of them is one piece that Inductor
+compiles. ``keep_original_order=True`` matters: without it ``split_module`` may reorder nodes across
+partitions, and an in-place update (the residual ``add_``) could move past a read of the same tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch.fx.passes.split_module import split_module
+
+__all__ = ["Piece", "SplitGraph", "op_name", "split_at"]
+
+
+def op_name(target: object) -> str | None:
+    """``"ns::name"`` for an op packet or overload, else None."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name
+    return None
+
+
+@dataclass
+class Piece:
+    """One submodule of the split graph, in execution order."""
+
+    index: int
+    name: str  # attribute name on the split module ("submod_3")
+    splitting_op: str | None  # "sp_lab::attention" for split-op partitions, None for compiled pieces
+
+
+@dataclass
+class SplitGraph:
+    module: fx.GraphModule
+    pieces: list[Piece]
+
+    @property
+    def compiled_pieces(self) -> list[Piece]:
+        return [p for p in self.pieces if p.splitting_op is None]
+
+
+def split_at(gm: fx.GraphModule, splitting_ops: list[str]) -> SplitGraph:
+    """Split ``gm`` so every call of an op in ``splitting_ops`` ("ns::name") is a partition of its own."""
+    wanted = set(splitting_ops)
+    partition_of: dict[fx.Node, int] = {}
+    split_kind: dict[int, str] = {}
+    current = 0
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        name = op_name(node.target) if node.op == "call_function" else None
+        if name in wanted:
+            current += 1
+            partition_of[node] = current
+            split_kind[current] = name
+            current += 1
+        else:
+            partition_of[node] = current
+    split_gm = split_module(gm, None, lambda n: partition_of[n], keep_original_order=True)
+    pieces = []
+    for node in split_gm.graph.nodes:
+        if node.op == "call_module":
+            pid = int(node.target.rsplit("_", 1)[1])
+            pieces.append(Piece(len(pieces), node.target, split_kind.get(pid)))
+    return SplitGraph(split_gm, pieces)
