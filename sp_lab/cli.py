@@ -653,6 +653,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from sp_lab.distributed.launch import LaunchError  # imported late: it pulls in torch
+
+        if not isinstance(e, LaunchError):
+            raise
+        # a rank failed (or timed out) inside sp_lab.launch; the message quotes the rank's traceback
+        print(
+            f"error: {e}\n\nRows measured before the failure are kept; rerun the same command to resume.",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         print(
             "interrupted: rows already measured are kept; rerun the same command to resume", file=sys.stderr
