@@ -734,6 +734,11 @@ def layered_layout(graph: Mapping, highlight: Iterable[str] = ()) -> GraphLayout
     if seen != len(names):
         cyclic = sorted(n for n, d in indegree.items() if d > 0)
         raise ValueError(f"piece graph has a cycle through {cyclic[:5]}; report graphs must be DAGs")
+    # Graph inputs (weights above all) sit just left of their first consumer, not all in column 0,
+    # so a weight is drawn next to the matmul that reads it.
+    for n in names:
+        if not preds[n] and succs[n]:
+            depth[n] = max(min(depth[s] for s in succs[n]) - 1, 0)
     layers: dict[int, list[str]] = defaultdict(list)
     for n in names:
         layers[depth[n]].append(n)
@@ -785,7 +790,7 @@ def piece_diff_data(report: Any, range_index: int | None = None, piece_index: in
 def build_piece_figure(data: PieceDiffData) -> go.Figure:
     """Before and after graphs side by side, coloured by node kind, changed nodes outlined thickly."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.04, subplot_titles=(
-        f"before passes ({len(data.before.nodes)} nodes; {len(data.removed)} removed, dashed outline)",
+        f"before passes ({len(data.before.nodes)} nodes; {len(data.removed)} removed, thick outline)",
         f"after SP + AsyncTP ({len(data.after.nodes)} nodes; {len(data.added)} added, thick outline)"))
     legend_done: set[str] = set()
     for col, layout in ((1, data.before), (2, data.after)):
@@ -802,7 +807,9 @@ def build_piece_figure(data: PieceDiffData) -> go.Figure:
         for kind, nodes in by_kind.items():
             fig.add_trace(go.Scatter(
                 x=[n.depth for n in nodes], y=[n.y for n in nodes], mode="markers+text",
-                text=[n.name for n in nodes], textposition="top center", textfont={"size": 9},
+                # Alternate label sides by depth: neighbouring columns are closer than a label is wide.
+                text=[n.name for n in nodes], textfont={"size": 9},
+                textposition=["top center" if n.depth % 2 else "bottom center" for n in nodes],
                 marker={"size": [15 if n.changed else 11 for n in nodes], "color": KIND_COLORS[kind],
                             "line": {"width": [4 if n.changed else 0.5 for n in nodes], "color": "black"}},
                 hovertext=[f"<b>{n.name}</b> ({n.kind})<br>{n.target}<br>{format_shape(n.shape)} {n.dtype}"
@@ -814,7 +821,8 @@ def build_piece_figure(data: PieceDiffData) -> go.Figure:
                         if r["delta"]) or "no op-count changes"
     fig.update_layout(title={"text": f"{data.piece.name} ({data.piece.kind}) · {data.range.title}<br>"
                                       f"<sup>{changes}</sup>", "font": {"size": 14}},
-                      height=560, width=1400, plot_bgcolor="white", margin={"l": 20, "r": 20, "t": 90, "b": 20})
+                      height=560, width=max(1400, 2 * 48 * (1 + max((n.depth for n in data.after.nodes), default=0))),
+                      plot_bgcolor="white", margin={"l": 20, "r": 20, "t": 90, "b": 20})
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig
