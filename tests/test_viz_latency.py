@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 import polars as pl
 import pytest
@@ -101,7 +103,9 @@ def test_thresholds_and_regret(sweep):
     fig = latency.build_latency_figure(data)
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
     assert sorted(s.x0 for s in fig.layout.shapes) == [128, 1024]
-    assert {s.label.text for s in fig.layout.shapes} == {"async_tp_min_tokens=128", "vLLM sp_min_token_num=1024"}
+    labels = {a.text: a.x for a in fig.layout.annotations if a.xref == "x"}
+    assert labels == pytest.approx({"async_tp_min_tokens=128": math.log10(128),
+                                    "vLLM sp_min_token_num=1024": math.log10(1024)})
     assert {t.name for t in fig.data if t.yaxis == "y2"} == {"regret: gated", "regret: tuned"}
 
 

@@ -18,6 +18,7 @@ Drawing rules (they exist because each one hid a wrong conclusion before, BACKGR
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -233,12 +234,14 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
             customdata=list(zip(part["chosen_variant"].to_list(), part["best_variant"].to_list())),
             hovertemplate="%{x} tokens: +%{y:.1f}% (ran %{customdata[0]}, best %{customdata[1]})<extra></extra>"),
             row=2, col=1)
-    # Shapes on a log axis take data coordinates; a label on the shape avoids add_vline's annotation
-    # placement, which is off on log axes.
-    for t in data.thresholds:
+    # Shapes on a log axis take data coordinates but annotations take log10 of them (plotly's rule);
+    # labels are staggered so two nearby thresholds stay readable.
+    for k, t in enumerate(data.thresholds):
         fig.add_shape(type="line", x0=t.num_tokens, x1=t.num_tokens, y0=0, y1=1, xref="x", yref="paper",
-                      line={"color": "#444", "dash": t.dash, "width": 1.5},
-                      label={"text": t.label, "textangle": -90, "textposition": "end", "font": {"size": 10}})
+                      line={"color": "#444", "dash": t.dash, "width": 1.5})
+        fig.add_annotation(x=math.log10(t.num_tokens), xref="x", y=0.98 - 0.07 * k, yref="y domain",
+                           text=t.label, showarrow=False, xanchor="left", xshift=4, font={"size": 10},
+                           bgcolor="rgba(255,255,255,0.7)")
     fig.update_xaxes(type="log", title_text="tokens per forward (log)", row=2, col=1)
     fig.update_xaxes(type="log", row=1, col=1)
     fig.update_yaxes(type="log", title_text="latency (us, p10-p90 bars)", row=1, col=1)
@@ -288,6 +291,8 @@ def update_latency_figure(fig: go.Figure, rows: pl.DataFrame | Sequence[Mapping]
                 continue
             old.update(x=trace.x, y=trace.y, error_y=trace.error_y, customdata=trace.customdata)
         fig.layout.shapes = fresh.layout.shapes
+        # Subplot titles are annotations too; the fresh figure carries both them and the threshold labels.
+        fig.layout.annotations = fresh.layout.annotations
         fig.layout.title = fresh.layout.title
     if new:  # plotly refuses add_traces inside batch_update
         fig.add_traces(new, rows=[1 if t.meta.startswith("latency:") else 2 for t in new], cols=[1] * len(new))
