@@ -222,6 +222,46 @@ def test_ctrl_c_in_the_caller_kills_the_workers():
     # no_leftover_processes checks that the workers are gone.
 
 
+_CALLER_SCRIPT = """
+import os, time, sp_lab
+
+def report_pid_then_sleep():
+    print("pid", os.getpid(), flush=True)
+    while True:
+        time.sleep(0.1)
+
+sp_lab.launch(report_pid_then_sleep, world_size=2, timeout=120)
+"""
+
+
+def test_workers_die_with_a_killed_caller():
+    # A notebook kernel killed outright runs no clean-up: the lifeline pipe must take the ranks down.
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    caller = subprocess.Popen(
+        [sys.executable, "-c", _CALLER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        pids = []
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = caller.stdout.readline()  # "[rank N] pid P", forwarded by the caller
+            if not line:
+                break
+            if " pid " in line:
+                pids.append(int(line.split()[-1]))
+        assert len(pids) == 2, "the ranks never reported their pids"
+        caller.kill()
+        caller.wait()
+        deadline = time.monotonic() + 5.0
+        while any(map(_is_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(_is_alive, pids)), "ranks outlived their SIGKILLed caller"
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bad input: rejected before any process starts
 

@@ -677,16 +677,20 @@ def launch(
                 break  # the finally block kills the stragglers; their results are already in
         return [worker.report[1] for worker in workers]
     finally:
-        _kill_trees(workers)
-        for fd in (lifeline_read, lifeline_write):
-            if fd >= 0:
-                os.close(fd)
-        for worker in workers:
-            worker.results.close()
-            worker.stdout.join(timeout=2.0)
-            worker.stderr.join(timeout=2.0)
-        shutil.rmtree(workdir, ignore_errors=True)
-        del store
+        try:
+            _kill_trees(workers)
+        finally:
+            # Even if clean-up itself is interrupted (a second Ctrl-C), closing the lifeline makes any
+            # surviving worker kill its own process group.
+            for fd in (lifeline_read, lifeline_write):
+                if fd >= 0:
+                    os.close(fd)
+            for worker in workers:
+                worker.results.close()
+                worker.stdout.join(timeout=2.0)
+                worker.stderr.join(timeout=2.0)
+            shutil.rmtree(workdir, ignore_errors=True)
+            del store
 
 
 def _wait_for_reports(workers: list[_Worker], deadline: float, timeout: float) -> None:
