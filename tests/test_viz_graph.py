@@ -151,6 +151,18 @@ def test_overview_of_80_layer_70b_report_is_fast():
     assert elapsed < 2.0, f"overview took {elapsed:.2f} s"
 
 
+def test_uncompiled_range_is_skipped_by_default_and_explained(reports):
+    # The compiler builds ranges lazily: a range no token count has hit yet has no pieces.
+    report = json.loads(json.dumps(reports[("toy", "sharded")]))
+    report["ranges"][0].update(pieces=[], boundaries=[], compiled=False, compile_time_s=0.0)
+    assert graph.overview_data(report).range.index == 1
+    empty = graph.overview_data(report, 0)
+    assert empty.pieces == () and empty.lane() == []
+    assert "not compiled yet" in graph.build_overview_figure(empty).layout.title.text
+    with pytest.raises(IndexError, match="not compiled"):
+        graph.piece_diff_data(report, 0, 2)
+
+
 # ------------------------------------------------------------------------------------------ drill-down
 
 def test_piece_diff_shows_what_the_passes_changed(reports):

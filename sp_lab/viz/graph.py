@@ -83,10 +83,12 @@ def as_report_dict(report: Any) -> dict:
 
 
 def _resolve_range(report: dict, range_index: int | None) -> int:
-    """``None`` picks the first range with SP on (where boundaries matter), else range 0."""
+    """``None`` picks the first range that has pieces (ranges compile lazily, on their first token
+    count) with SP on, where boundaries matter; else the first with pieces; else range 0."""
     ranges = report["ranges"]
     if range_index is None:
-        return next((i for i, r in enumerate(ranges) if r.get("enable_sp")), 0)
+        built = [i for i, r in enumerate(ranges) if r.get("pieces")]
+        return next((i for i in built if ranges[i].get("enable_sp")), built[0] if built else 0)
     if not -len(ranges) <= range_index < len(ranges):
         available = ", ".join(f"{i}: tokens {r['lo']}-{r['hi']}" for i, r in enumerate(ranges))
         raise IndexError(f"range_index={range_index} is out of bounds; this report has {available}")
@@ -251,8 +253,9 @@ class BoundaryLabel:
 
     @property
     def signature(self) -> tuple:
-        """What makes two boundaries "the same" for collapsing: the tensors and failed checks, not indices."""
-        return (tuple((t.name, t.dtype, t.shape_before, t.shape_after, t.sharded_before, t.sharded_after)
+        """What makes two boundaries "the same" for collapsing: tensor dtypes, shapes and sharding in order,
+        and failed checks; not indices, nor names (FX numbers them per layer: getitem_5, getitem_9)."""
+        return (tuple((t.dtype, t.shape_before, t.shape_after, t.sharded_before, t.sharded_after)
                       for t in self.tensors),
                 tuple((f.check, f.expected_shape, f.actual_shape) for f in self.failures))
 
@@ -504,6 +507,13 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
 
     def put_tensors(x: float, boundary: BoundaryLabel, y0: float, prefix: str = "") -> float:
         y = y0
+        if boundary.before_piece != boundary.after_piece + 1:
+            # The compiler may record compiled -> compiled hand-overs that skip the eager splitting op.
+            tensor_pts["full"]["x"].append(x)
+            tensor_pts["full"]["y"].append(y)
+            tensor_pts["full"]["text"].append(f"{prefix}<i>piece {boundary.after_piece} → piece {boundary.before_piece}:</i>")
+            tensor_pts["full"]["hover"].append(f"boundary {boundary.index}")
+            y -= _LINE_H
         for t in boundary.tensors:
             pts = tensor_pts["sharded" if t.sharded_after else "full"]
             pts["x"].append(x)
@@ -611,7 +621,9 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
     title = f"{data.model} tp{data.tp_size} · {data.range.title}"
     if data.range.numerically_unsafe:
         title += " · <span style='color:#e6780b'>NUMERICALLY UNSAFE</span>"
-    if not data.range.compiled:
+    if not data.pieces:
+        title += " · not compiled yet (ranges compile on their first token count)"
+    elif not data.range.compiled:
         title += " · <span style='color:#d62728'>compile failed</span>"
     if data.synthetic:
         title += " · (synthetic report)"
@@ -764,6 +776,9 @@ def piece_diff_data(report: Any, range_index: int | None = None, piece_index: in
     overview = overview_data(report, ri)
     pieces = report["ranges"][ri]["pieces"]
     match = [p for p in pieces if p["index"] == piece_index]
+    if not pieces:
+        raise IndexError(f"range {ri} (tokens {report['ranges'][ri]['lo']}-{report['ranges'][ri]['hi']}) has no "
+                         f"pieces: it was not compiled; run a token count in it first or pick another range_index")
     if not match:
         raise IndexError(f"piece_index={piece_index} not in range {ri} (pieces 0-{len(pieces) - 1})")
     raw = match[0]
