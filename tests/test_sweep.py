@@ -31,6 +31,7 @@ from sp_lab.bench.sweep import (
     run_sweep,
     variant_config,
 )
+from sp_lab.bench.timing import reduce_across_ranks, time_cpu, time_cuda, time_fn
 from sp_lab.config import LabConfig
 from sp_lab.distributed.launch import RankError
 from sp_lab.models import ModelSpec
@@ -361,3 +362,40 @@ def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_rows(tmp_
     assert result.skipped + len(result.rows) == 12 and result.skipped >= before.height
     assert after.height == 12 and after.select(KEY_COLUMNS).is_unique().all()
     assert set(before["row_id"]) <= set(after["row_id"])
+
+
+# ------------------------------------------------------------------------------------------------ timing
+def test_time_cpu_reports_median_and_deciles_of_the_timed_calls():
+    calls = []
+    timing = time_cpu(lambda: (calls.append(1), time.sleep(0.002)), warmup=2, repeats=5)
+    assert len(calls) == 7 and timing.repeats == 5 and timing.method == "perf_counter"
+    assert 2000 <= timing.p10_us <= timing.median_us <= timing.p90_us < 200_000
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        time_cpu(lambda: None, repeats=0)
+
+
+def _rank_timing():
+    # rank 1 is the straggler: the step's latency is its median, not the average
+    return reduce_across_ranks(
+        time_cpu(lambda: time.sleep(0.001 + 0.004 * dist.get_rank()), warmup=0, repeats=3)
+    )
+
+
+def test_latency_across_ranks_is_the_slowest_ranks_median():
+    r0, r1 = sp_lab.launch(_rank_timing, world_size=2, backend="gloo", timeout=60.0)
+    assert r0 == r1  # every rank gets the same answer
+    assert r0.median_us == max(r0.rank_medians_us) == r0.rank_medians_us[1] >= 5000
+    assert r0.rank_medians_us[0] < 5000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_time_cuda_replays_a_graph_and_falls_back_when_capture_fails():
+    a = torch.randn(1024, 1024, device="cuda")
+    graphed = time_cuda(lambda: a @ a, warmup=2, repeats=10)
+    assert graphed.method == "cuda_graph" and graphed.median_us > 0 and not graphed.note
+    # .item() syncs with the host, which a CUDA graph cannot capture
+    eager = time_cuda(lambda: (a @ a).sum().item(), warmup=1, repeats=5)
+    assert eager.method == "cuda_events" and "capture failed" in eager.note
+    torch.randn(4, device="cuda")  # the failed capture left the CUDA generator usable
+    assert time_fn(lambda: a @ a, device="cuda", repeats=3).method == "cuda_graph"

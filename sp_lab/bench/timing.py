@@ -131,6 +131,8 @@ def time_cuda(
 
     run, method, note = fn, "cuda_events", ""
     if cuda_graph:
+        rng = torch.cuda.default_generators[torch.cuda.current_device()]
+        rng_before = rng.clone_state() if hasattr(rng, "clone_state") else None
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
@@ -141,6 +143,12 @@ def time_cuda(
             run, method = graph.replay, "cuda_graph"
         except Exception as e:  # noqa: BLE001 - capture fails in many ways; each means "time eagerly"
             note = f"CUDA-graph capture failed, timed eager calls: {type(e).__name__}: {e}"[:500]
+            # A capture that fails midway leaves the device's default generator in "capturing" state
+            # (capture_end raises before its epilogue) and every later CUDA random op in the process
+            # fails with "Offset increment outside graph capture": put back the state from before.
+            if rng_before is not None:
+                rng.graphsafe_set_state(rng_before)
+            del graph
             torch.cuda.synchronize()
 
     start = torch.cuda.Event(enable_timing=True)
