@@ -6,6 +6,7 @@ Each launch starts fresh interpreters (~3 s on 2 cores), so every test here earn
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -312,5 +313,5 @@ def test_the_same_function_runs_under_torchrun():
         command, check=False, env=env, capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted(re.findall(r"rank \d: \(.*?\)", done.stdout))
     assert lines == ["rank 0: ('hello', 0, 2, 'gloo', 3.0)", "rank 1: ('hello', 1, 2, 'gloo', 3.0)"]

@@ -868,7 +868,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fn = _load_function(options.function)
     if "RANK" in os.environ:
         result = run_under_torchrun(fn, *options.args, backend=options.backend)
-        print(f"rank {os.environ['RANK']}: {result!r}", flush=True)
+        # One write per line: the ranks share torchrun's stdout, and print() writes the newline apart.
+        sys.stdout.write(f"rank {os.environ['RANK']}: {result!r}\n")
+        sys.stdout.flush()
         return 0
     results = launch(
         fn, *options.args, world_size=options.world_size, backend=options.backend, timeout=options.timeout
