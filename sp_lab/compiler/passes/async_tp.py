@@ -108,8 +108,9 @@ def _build_patterns(tp_size: int, group_name: str, use_symm_mem: bool, gate: _Ga
         def mm_rs_replace(a, b):
             return torch.ops.sp_lab.fused_matmul_reduce_scatter.default(a, b, group_name, tp_size)
 
-    example = [torch.empty(4, 8), torch.empty(8, 16)]
-    rs_example = [torch.empty(4 * tp_size, 8), torch.empty(8, 16)]
+    # Meta tensors: tracing the patterns must not run a real collective on a live process group.
+    example = [torch.empty(4, 8, device="meta"), torch.empty(8, 16, device="meta")]
+    rs_example = [torch.empty(4 * tp_size, 8, device="meta"), torch.empty(8, 16, device="meta")]
     register_replacement(
         ag_mm_search, ag_mm_replace, example, fwd_only, patterns,
         extra_check=lambda match: gate("all_gather_matmul", _mm_in_match(match), tp_size),
