@@ -37,7 +37,9 @@ from torch._inductor.compile_fx import compile_fx
 from torch._inductor.decomposition import select_decomp_table
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
+from sp_lab.compiler.cudagraphs import CudaGraphPiece
 from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.graph_builder import same_size
 from sp_lab.compiler.passes.post_grad import PieceObservation, SpLabPostGradPass
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.ranges import CompileRange, plan_ranges
@@ -49,7 +51,6 @@ from sp_lab.compiler.report import (
     shape_json,
     structural_fingerprint,
 )
-from sp_lab.compiler.passes.graph_builder import same_size
 from sp_lab.compiler.split import SplitGraph, split_at
 from sp_lab.config import EffectiveConfig, LabConfig, enable_sp_and_async_tp
 
@@ -99,11 +100,24 @@ class CompiledModel:
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         num_tokens = tokens.shape[0]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
-        if num_tokens > 1:
+        padded = self._capture_size(num_tokens)
+        if padded != num_tokens:
+            # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
+            tokens = torch.cat([tokens, tokens.new_zeros((padded - num_tokens, *tokens.shape[1:]))])
+        if tokens.shape[0] > 1:
             # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
             torch._dynamo.maybe_mark_dynamic(tokens, 0)
         with torch.no_grad():
-            return self._dynamo(tokens, *args, **kwargs)
+            out = self._dynamo(tokens, *args, **kwargs)
+        if self.effective.cudagraphs:
+            out = out[:num_tokens].clone()  # the graph's output buffer is reused by the next replay
+        return out
+
+    def _capture_size(self, num_tokens: int) -> int:
+        if not self.effective.cudagraphs:
+            return num_tokens
+        sizes = [s for s in self.config.resolved_capture_sizes() if s >= num_tokens]
+        return min(sizes) if sizes else num_tokens
 
     # -- Dynamo backend -------------------------------------------------------------------------------------------
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
@@ -252,7 +266,10 @@ class _RangeCompiler:
             return split.module(*args)
 
         for piece in split.compiled_pieces:
-            split.module.__dict__[piece.name] = _guarded(compiled[piece.name], piece.index, self.report, failures)
+            fn = compiled[piece.name]
+            if self.effective.cudagraphs:
+                fn = CudaGraphPiece(fn)
+            split.module.__dict__[piece.name] = _guarded(fn, piece.index, self.report, failures)
         return run
 
     def _compile_pieces(self, split: SplitGraph, inputs: list[Any], *, sp: bool, policy: str):
