@@ -66,8 +66,8 @@ class BoundaryPolicy:
         dst = copy_node.args[0]
         record = {
             "target": dst.name,
-            "dst_shape": list(dst.meta["val"].shape),
-            "src_shape": list(shard.meta["val"].shape),
+            "dst_shape": shape_json(dst.meta["val"]),
+            "src_shape": shape_json(shard.meta["val"]),
         }
         if self.copies == "gather":
             copy_node.replace_input_with(copy_node.args[1], full())
