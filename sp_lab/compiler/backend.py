@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -431,16 +432,16 @@ def _guarded(fn: Callable, index: int, report: RangeReport, failures: list) -> C
 
 
 def _input_guard_failure(error: AssertionError, record: PieceRecord, args) -> BoundaryFailure:
-    tensors = [(spec, a) for spec, a in zip(record.inputs, args) if isinstance(a, torch.Tensor)]
-    for spec, actual in tensors:
-        expected = spec["shape"]
-        if expected is not None and len(expected) == actual.dim() and any(
-            isinstance(e, int) and e != s for e, s in zip(expected, actual.shape)
-        ) or (expected and isinstance(expected[0], str) and actual.dim() == len(expected)
-              and str(error).find(f"=={actual.shape[0]}") < 0 and f"{actual.shape[0]}==" in str(error)):
-            return BoundaryFailure(record.index, spec["name"], "assert_size_stride", expected, list(actual.shape),
-                                   str(error).splitlines()[0])
-    return BoundaryFailure(record.index, "<unknown>", "assert_size_stride", None, None, str(error).splitlines()[0])
+    """Name the input whose size broke Inductor's ``assert_size_stride`` ("expected size 6==12 ... at dim=0")."""
+    message = str(error).splitlines()[0]
+    found = re.search(r"expected size (\d+)==(\d+).*at dim=(\d+)", message)
+    if found:
+        actual, dim = int(found.group(1)), int(found.group(3))
+        for spec, arg in zip(record.inputs, args):
+            if isinstance(arg, torch.Tensor) and spec["shape"] and arg.dim() > dim and arg.shape[dim] == actual:
+                return BoundaryFailure(record.index, spec["name"], "assert_size_stride", spec["shape"],
+                                       list(arg.shape), message)
+    return BoundaryFailure(record.index, "<unknown>", "assert_size_stride", None, None, message)
 
 
 def _copy_epilogue_failure(error: Exception, index: int, obs: PieceObservation) -> BoundaryFailure | None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
+from sp_lab.compiler.report import shape_json
+
 __all__ = ["BoundaryEvents", "BoundaryPolicy", "policy_for"]
 
 
