@@ -324,6 +324,7 @@ class _RangeCompiler:
             failure = _copy_epilogue_failure(e, index, sp_pass.observation)
             if failure is None:
                 raise
+            failure.lo, failure.hi = self.range.lo, self.range.hi
             self.report.failures.append(failure)
             raise BoundaryError(_explain(failure, self.range)) from e
         record = self._record(index, name, submod, args, sp_pass.observation, start)
@@ -425,6 +426,7 @@ def _guarded(fn: Callable, index: int, report: RangeReport, failures: list) -> C
                 raise
             record = next(p for p in report.pieces if p.index == index)
             failure = _input_guard_failure(e, record, args)
+            failure.lo, failure.hi = report.lo, report.hi
             failures.append(failure)
             raise BoundaryError(_explain(failure, None)) from e
 
