@@ -600,10 +600,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("[3/5] tuned config not measured (--no-validate)")
     else:
         if _is_rank0():
-            print(
-                f"[3/5] measure the tuned config (async_tp_min_tokens={tuned.async_tp_min_tokens})",
-                flush=True,
+            gate = (
+                f"async_tp_min_tokens={tuned.async_tp_min_tokens}" if tuned.enable_sp else "SP, AsyncTP off"
             )
+            print(f"[3/5] measure the tuned config ({gate})", flush=True)
         _sweep(args, store=store, variants=["tuned"], config=tuned, reports_dir=reports, progress=True)
     if not _is_rank0():
         return 0
