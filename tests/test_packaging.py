@@ -57,7 +57,8 @@ def _shell_lines(text: str) -> list[str]:
     """Command lines of a shell script or block: no blanks, no comments, no prompt."""
     lines = []
     for raw in text.splitlines():
-        line = raw.strip().removeprefix("$ ").strip()
+        # A trailing "  # comment" is not part of the command.
+        line = re.sub(r"\s+#\s.*$", "", raw.strip().removeprefix("$ ")).strip()
         if line and not line.startswith("#"):
             lines.append(line)
     return lines
