@@ -31,11 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import fx
-from torch._dynamo.source import LocalSource
+from torch._dynamo.source import ConstantSource, LocalSource
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._guards import detect_fake_mode
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.decomposition import select_decomp_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
 from sp_lab.compiler.cudagraphs import CudaGraphPiece
@@ -124,6 +126,11 @@ class CompiledModel:
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
         token_index = _token_input_index(gm, self._token_arg)
         fake_mode = detect_fake_mode(example_inputs)
+        # Dynamo hands over real tensors; the symbolic shapes live in the placeholders' fake values.
+        example_inputs = [
+            n.meta.get("example_value", x)
+            for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
+        ]
         artifacts: dict[int, Callable] = {}
 
         def dispatch(*args: Any) -> Any:
@@ -135,6 +142,50 @@ class CompiledModel:
             return artifacts[index](*args)
 
         return dispatch
+
+
+def _range_inputs(example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode) -> tuple[list, Any]:
+    """Fresh fake inputs for one range: the token count is a new symbol bounded to ``[lo, hi]``.
+
+    Dynamo's inputs carry the hint of whichever call captured the graph. If that was 2 tokens at tp 2, the
+    token shard has size 1 and Inductor specialises it (size-1 dims broadcast), baking "2 tokens" into an
+    artifact that must serve the whole range -- and guards Inductor adds after Dynamo has finished are never
+    checked. Tracing each range with its own bounded symbol and a hint inside the range avoids both.
+    """
+    token = example_inputs[token_index]
+    old_size = token.shape[0]
+    if isinstance(old_size, int):  # Dynamo specialised this graph (1 token): nothing symbolic to re-hint
+        return example_inputs, fake_mode
+    lo, hi = max(rng.lo, 2), rng.hi
+    hint = min(hi, max(lo, 61))  # odd and > any tp: no degenerate shard sizes at the hint
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+    new_token = mode.from_tensor(
+        torch.empty((hint, *token.shape[1:]), dtype=token.dtype, device="meta"),
+        symbolic_context=StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (token.dim() - 1)
+        ),
+        source=ConstantSource("sp_lab_num_tokens"),
+    )
+    symbol = new_token.shape[0]
+    mode.shape_env.constrain_symbol_range(symbol.node.expr, compiler_min=lo, compiler_max=hi)
+    inputs = []
+    for i, x in enumerate(example_inputs):
+        if i == token_index:
+            with mode:
+                inputs.append(torch.empty(new_token.shape, dtype=token.dtype, device=token.device))
+        elif isinstance(x, torch.SymInt):
+            inputs.append(symbol if same_size(x, old_size) else int(x.node.hint))
+        elif isinstance(x, torch.Tensor):
+            if any(not isinstance(d, int) for d in x.shape):
+                raise NotImplementedError(
+                    f"graph input {i} has a symbolic shape {tuple(x.shape)} besides the token input; sp_lab "
+                    "compiles one symbolic token dimension per range"
+                )
+            with mode:
+                inputs.append(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device))
+        else:
+            inputs.append(x)
+    return inputs, mode
 
 
 def _token_input_index(gm: fx.GraphModule, arg_name: str) -> int:
@@ -173,8 +224,8 @@ class _RangeCompiler:
         self.config, self.effective = owner.config, owner.effective
         self.range: CompileRange = owner.ranges[index]
         self.report: RangeReport = owner.report.ranges[index]
-        self.gm, self.example_inputs, self.fake_mode = gm, example_inputs, fake_mode
-        self.token_index = token_index
+        self.gm, self.token_index = gm, token_index
+        self.example_inputs, self.fake_mode = _range_inputs(example_inputs, token_index, self.range, fake_mode)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
         self.splitting_ops = frozenset(self.config.splitting_ops)
@@ -326,7 +377,7 @@ class _RangeCompiler:
                 raise
             failure.lo, failure.hi = self.range.lo, self.range.hi
             self.report.failures.append(failure)
-            raise BoundaryError(_explain(failure, self.range)) from e
+            raise BoundaryError(_explain(failure, self.range, self.config.boundary)) from e
         record = self._record(index, name, submod, args, sp_pass.observation, start)
         record.fingerprint = fingerprint
         record.cache_hit = False
@@ -428,7 +479,7 @@ def _guarded(fn: Callable, index: int, report: RangeReport, failures: list) -> C
             failure = _input_guard_failure(e, record, args)
             failure.lo, failure.hi = report.lo, report.hi
             failures.append(failure)
-            raise BoundaryError(_explain(failure, None)) from e
+            raise BoundaryError(_explain(failure, None, report.boundary)) from e
 
     return run
 
@@ -455,10 +506,10 @@ def _copy_epilogue_failure(error: Exception, index: int, obs: PieceObservation) 
                            str(error).strip().splitlines()[-1][:400])
 
 
-def _explain(failure: BoundaryFailure, rng: CompileRange | None) -> str:
+def _explain(failure: BoundaryFailure, rng: CompileRange | None, boundary: str = "none") -> str:
     where = f" in range {rng.label}" if rng is not None else ""
     return (
-        f"boundary='none'{where}: sequence parallelism sharded tensor {failure.tensor!r} at piece "
+        f"boundary={boundary!r}{where}: sequence parallelism sharded tensor {failure.tensor!r} at piece "
         f"{failure.piece} ({failure.check} failed: expected shape {failure.expected_shape}, got "
         f"{failure.actual_shape}). The residual leaves the piece as a token shard while the next piece was "
         "compiled for the full token count. Use boundary='gather' (re-gather at every boundary) or "
