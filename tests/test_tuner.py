@@ -100,3 +100,21 @@ def test_widget_slider_redraws_the_gated_trace_and_replays(rows, tmp_path):
     assert tuner.export() is not None and "exported" in tuner.status.value
     latency = [t for t in tuner.figure.data if str(t.meta).startswith("latency:")]
     assert {t.name for t in latency} == {"baseline", "sp+async_tp"}
+
+
+def test_half_measured_token_counts_are_left_out_silently(rows, recwarn):
+    state = TunerState(tp=2)
+    state.set_rows(rows.filter(~((pl.col("variant") == "sp+async_tp") & (pl.col("num_tokens") == 512))))
+    assert state.gated()["num_tokens"].to_list() == [1, 8, 64]
+    assert not [w for w in recwarn if "lack one of" in str(w.message)]
+
+
+def test_never_fuse_recommendation_exports_sp_off(tmp_path):
+    slow = pl.DataFrame([_row(v, t) for v in LATENCY for t in TOKENS[:3]])  # fusion never wins below 512
+    state = TunerState(tp=2)
+    state.set_rows(slow)
+    rec = state.recommendation()
+    assert rec.never_fuse
+    state.threshold = rec.threshold
+    config, _ = load_tuned_config(state.export(tmp_path))
+    assert not config.enable_sp and not config.enable_async_tp

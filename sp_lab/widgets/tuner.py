@@ -193,29 +193,34 @@ class TunerState:
         with self._lock:
             return self.rows
 
-    def can_recommend(self) -> bool:
-        """Both gated variants have rows at one token count at least."""
+    def _gate_rows(self) -> pl.DataFrame:
+        """Rows at token counts where both gated variants exist (a sweep in progress has half-done ones)."""
         rows = self._tuning_rows()
         if not rows.height:
-            return False
-        have = rows.group_by("num_tokens").agg(pl.col("variant").unique())["variant"].to_list()
-        return any(set(GATE) <= set(v) for v in have)
+            return rows
+        complete = (rows.filter(pl.col("variant").is_in(list(GATE))).group_by("num_tokens")
+                    .agg(pl.col("variant").n_unique().alias("n")).filter(pl.col("n") == len(GATE)))
+        return rows.filter(pl.col("num_tokens").is_in(complete["num_tokens"].implode()))
+
+    def can_recommend(self) -> bool:
+        """Both gated variants have rows at one token count at least."""
+        return self._gate_rows().height > 0
 
     def gated(self) -> pl.DataFrame:
         """``num_tokens, latency_us, variant`` of the gated curve at the current threshold (empty if unknown)."""
         if not self.can_recommend():
             return pl.DataFrame(schema={"num_tokens": pl.Int64, "latency_us": pl.Float64, "variant": pl.String})
-        return gated_curve(self._tuning_rows(), self.threshold)
+        return gated_curve(self._gate_rows(), self.threshold)
 
     def regret(self) -> pl.DataFrame:
         """Per token count: ``gated_us, best_us, best_variant, regret_us, regret_rel`` at the current threshold."""
         if not self.can_recommend():
             return pl.DataFrame()
-        return regret_table(self._tuning_rows(), self.threshold)
+        return regret_table(self._gate_rows(), self.threshold)
 
     def recommendation(self) -> Any:
         """The least-regret threshold (:class:`~sp_lab.tuning.threshold.Recommendation`) over the rows so far."""
-        return recommend_threshold(self._tuning_rows())
+        return recommend_threshold(self._gate_rows())
 
     def _setup(self) -> dict[str, Any]:
         """hidden size, dtype and tp of the rows (or of the live-sweep model before any row)."""
@@ -238,10 +243,16 @@ class TunerState:
 
     # ------------------------------------------------------------------ export
     def tuned_config(self) -> Any:
-        """The base config gated at the current threshold (SP + AsyncTP from it on)."""
+        """The base config gated at the current threshold (SP + AsyncTP from it on).
+
+        At the recommended threshold of a "never fuse" recommendation, SP and AsyncTP are switched off
+        rather than gated just past the largest measured token count.
+        """
         from sp_lab.cli import tuned_config
 
-        return tuned_config(self.config, self.threshold, tp_size=self._setup()["tp"])
+        rec = self.recommendation() if self.can_recommend() else None
+        never = rec is not None and rec.never_fuse and self.threshold == rec.threshold
+        return tuned_config(self.config, self.threshold, never_fuse=never, tp_size=self._setup()["tp"])
 
     def data_hash(self) -> str:
         """Hash of the rows the threshold was chosen on (row ids when present, else the rows' content)."""

@@ -1,0 +1,53 @@
+"""Every notebook runs top to bottom, headless, on CPU, with the smoke setting (``SP_LAB_SMOKE=1``).
+
+Each notebook is executed with nbclient in a fresh ``python3`` kernel whose working directory is
+``notebooks/`` (as in JupyterLab). A failing cell fails the test with that cell's error. The
+notebooks share the Inductor cache of the run (``TORCHINDUCTOR_CACHE_DIR``), so repeated compiles of
+the same toy graphs are cheap. Deselect with ``-m "not notebooks"``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel", reason="the notebooks need a python3 kernel (pip install ipykernel)")
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+CELL_TIMEOUT_S = 300
+"""A cell that runs a sweep or a compile on 2 ranks takes under a minute on 2 cores in smoke mode."""
+
+pytestmark = pytest.mark.notebooks
+
+
+def test_notebooks_exist():
+    assert NOTEBOOKS, f"no notebooks in {NOTEBOOK_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_is_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    with_outputs = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not with_outputs, f"{path.name}: cells {with_outputs} carry outputs; clear them before committing"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_in_smoke_mode(path, monkeypatch):
+    # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared.
+    monkeypatch.setenv("SP_LAB_SMOKE", "1")
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as e:
+        pytest.fail(f"{path.name} failed in smoke mode:\n{e}", pytrace=False)
+    print(f"{path.name}: {time.perf_counter() - start:.1f} s (SP_LAB_SMOKE=1, {os.cpu_count()} CPUs)")
