@@ -197,13 +197,6 @@ def _drop_matmul_shapes(graph: fx.Graph) -> list[str]:
     return names
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=torch._dynamo.exc.BackendCompilerFailed,
-    reason="compiler bug: register_replacement's check_fn reads meta['val'] of the matched operands "
-    "(pattern_matcher._get_match_node_value -> KeyError 'example_value') before extra_check runs, so the "
-    "gate's 'shapes unreadable' branch (async_tp.py _Gate.__call__) is never reached",
-)
 @pytest.mark.parametrize("default", ["fuse", "no_fuse"])
 def test_gate_warns_and_applies_the_default_when_shapes_are_unreadable(group, caplog, default):
     def transform(graph):

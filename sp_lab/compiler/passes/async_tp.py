@@ -15,14 +15,21 @@ Fused ops: on CUDA PyTorch's symmetric-memory kernels, elsewhere sp_lab's CPU op
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, register_replacement
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._inductor.pattern_matcher import (
+    CallFunction,
+    KeywordArg,
+    Match,
+    PatternMatcherPass,
+    register_graph_pattern,
+)
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers torch.ops.sp_lab.fused_*)
+from sp_lab.compiler.passes.graph_builder import GraphBuilder
 from sp_lab.rules import MatmulRule
 
 aten = torch.ops.aten
@@ -52,7 +59,7 @@ class _Gate:
     default: str
     decisions: AsyncTPDecisions
 
-    def __call__(self, pattern: str, mm_node: fx.Node | None, rows_factor: int) -> bool:
+    def __call__(self, pattern: str, mm_node: fx.Node | None) -> bool:
         val_a = mm_node.args[0].meta.get("val") if mm_node is not None else None
         val_b = mm_node.args[1].meta.get("val") if mm_node is not None else None
         if not isinstance(val_a, torch.Tensor) or not isinstance(val_b, torch.Tensor):
@@ -83,42 +90,54 @@ def _mm_in_match(match: Match) -> fx.Node | None:
 
 
 def _build_patterns(tp_size: int, group_name: str, use_symm_mem: bool, gate: _Gate) -> PatternMatcherPass:
+    """The two fusions as graph patterns with hand-written replacements.
+
+    ``register_graph_pattern`` rather than ``register_replacement``: the latter re-traces the replacement with
+    the matched operands' fake values before ``extra_check`` runs, so a matmul whose shapes are unknown would
+    crash the compile instead of reaching the gate's "unreadable -> heuristic_default" branch.
+    """
     patterns = PatternMatcherPass(pass_name="sp_lab_async_tp")
-
-    def ag_mm_search(a, b):
-        gathered = c10d.wait_tensor.default(c10d.all_gather_into_tensor.default(a, tp_size, group_name))
-        return aten.mm.default(gathered, b)
-
-    def mm_rs_search(a, b):
-        return c10d.wait_tensor.default(
-            c10d.reduce_scatter_tensor.default(aten.mm.default(a, b), "sum", tp_size, group_name)
-        )
-
-    if use_symm_mem:
-        def ag_mm_replace(a, b):
-            _, outs = torch.ops.symm_mem.fused_all_gather_matmul.default(a, [b], 0, group_name)
-            return outs[0]
-
-        def mm_rs_replace(a, b):
-            return torch.ops.symm_mem.fused_matmul_reduce_scatter.default(a, b, "sum", 0, group_name)
-    else:
-        def ag_mm_replace(a, b):
-            return torch.ops.sp_lab.fused_all_gather_matmul.default(a, b, group_name, tp_size)
-
-        def mm_rs_replace(a, b):
-            return torch.ops.sp_lab.fused_matmul_reduce_scatter.default(a, b, group_name, tp_size)
-
-    # Meta tensors: tracing the patterns must not run a real collective on a live process group.
-    example = [torch.empty(4, 8, device="meta"), torch.empty(8, 16, device="meta")]
-    rs_example = [torch.empty(4 * tp_size, 8, device="meta"), torch.empty(8, 16, device="meta")]
-    register_replacement(
-        ag_mm_search, ag_mm_replace, example, fwd_only, patterns,
-        extra_check=lambda match: gate("all_gather_matmul", _mm_in_match(match), tp_size),
+    gathered = CallFunction(
+        c10d.wait_tensor.default, CallFunction(c10d.all_gather_into_tensor.default, KeywordArg("a"), tp_size, group_name)
     )
-    register_replacement(
-        mm_rs_search, mm_rs_replace, rs_example, fwd_only, patterns,
-        extra_check=lambda match: gate("matmul_reduce_scatter", _mm_in_match(match), 1),
+    ag_mm = CallFunction(aten.mm.default, gathered, KeywordArg("b"))
+    mm_rs = CallFunction(
+        c10d.wait_tensor.default,
+        CallFunction(
+            c10d.reduce_scatter_tensor.default,
+            CallFunction(aten.mm.default, KeywordArg("a"), KeywordArg("b")),
+            "sum",
+            tp_size,
+            group_name,
+        ),
     )
+
+    @register_graph_pattern(ag_mm, extra_check=lambda m: gate("all_gather_matmul", _mm_in_match(m)), pass_dict=patterns)
+    def _fuse_all_gather_matmul(match: Match, a: fx.Node, b: fx.Node) -> None:
+        out = match.output_node()
+        build = GraphBuilder(out.graph)
+        with out.graph.inserting_before(out):
+            if use_symm_mem:
+                fused = build.call(torch.ops.symm_mem.fused_all_gather_matmul.default, a, [b], 0, group_name)
+                result = build.call(operator.getitem, build.call(operator.getitem, fused, 1), 0)
+            else:
+                result = build.call(torch.ops.sp_lab.fused_all_gather_matmul.default, a, b, group_name, tp_size)
+        out.replace_all_uses_with(result)
+        match.erase_nodes()
+
+    @register_graph_pattern(mm_rs, extra_check=lambda m: gate("matmul_reduce_scatter", _mm_in_match(m)), pass_dict=patterns)
+    def _fuse_matmul_reduce_scatter(match: Match, a: fx.Node, b: fx.Node) -> None:
+        out = match.output_node()
+        build = GraphBuilder(out.graph)
+        with out.graph.inserting_before(out):
+            if use_symm_mem:
+                op = torch.ops.symm_mem.fused_matmul_reduce_scatter.default
+                result = build.call(op, a, b, "sum", 0, group_name)
+            else:
+                result = build.call(torch.ops.sp_lab.fused_matmul_reduce_scatter.default, a, b, group_name, tp_size)
+        out.replace_all_uses_with(result)
+        match.erase_nodes()
+
     return patterns
 
 
@@ -136,9 +155,7 @@ def apply_async_tp(
     decisions = AsyncTPDecisions()
     gate = _Gate(tp_size, m_low, rule, default, decisions)
     # Patterns bake tp_size and the group name in; the gate (with its log) changes per compile.
-    # The pattern functions are traced with real example tensors, outside the fake mode Inductor runs us in.
-    with unset_fake_temporarily():
-        patterns = _build_patterns(tp_size, group_name, use_symm_mem, gate)
+    patterns = _build_patterns(tp_size, group_name, use_symm_mem, gate)
     patterns.apply(graph)
     graph.eliminate_dead_code()
     return decisions

@@ -47,13 +47,16 @@ class GraphBuilder:
     def call(self, target: Callable, *args: Any, **kwargs: Any) -> fx.Node:
         """Insert ``target(*args, **kwargs)`` and compute its fake value."""
         node = self.graph.call_function(target, tuple(args), kwargs)
+        self.added.append(node)
+        inputs = node.all_input_nodes
+        if any("val" not in n.meta for n in inputs):
+            return node  # an input without a fake value: nothing to infer from (a warning was logged upstream)
         fake_args, fake_kwargs = fake_value(tuple(args)), {k: fake_value(v) for k, v in kwargs.items()}
         if self.fake_mode is not None and isinstance(target, torch._ops.OpOverload):
             with self.fake_mode:
                 node.meta["val"] = target(*fake_args, **fake_kwargs)
         else:
             node.meta["val"] = target(*fake_args, **fake_kwargs)
-        self.added.append(node)
         return node
 
     def sym(self, fn: Callable[..., Any], *args: Any) -> Any:
