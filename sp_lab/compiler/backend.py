@@ -59,6 +59,8 @@ from sp_lab.config import EffectiveConfig, LabConfig, enable_sp_and_async_tp
 
 log = logging.getLogger(__name__)
 
+_RECOMPILE_LIMIT = 64
+
 __all__ = ["BoundaryError", "CompiledModel", "compile"]
 
 
@@ -98,6 +100,11 @@ class CompiledModel:
             ],
         )
         self._token_arg = next(iter(inspect.signature(model.forward).parameters))
+        # Every sp_lab.compile of a model adds cache entries (1 token, and symbolic) to the same forward code
+        # object; a sweep compiles 4 variants of one model. Dynamo's default limit (8) would end such a sweep
+        # with FailOnRecompileLimitHit, so allow more (fullgraph=True still fails loudly past it, never eager).
+        dynamo_config = torch._dynamo.config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _RECOMPILE_LIMIT)
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
