@@ -1,0 +1,231 @@
+"""Measured multi-GPU sweeps against the what-if model, and the numbers issue #7's closing note asks for.
+
+    python benchmarks/multigpu/compare.py data/multigpu/multigpu_rows.parquet --out data/multigpu/compare
+
+Reads measured rows (``source="measured"``, the parquet ``benchmarks/multigpu/plan.py`` returns or any sweep
+store folder), and for every setup (model, tp, boundary, layers, dtype, device):
+
+1. predicts the same sweep with :func:`sp_lab.tuning.simulate.predict_sweep` (matmul times from the shipped
+   H200 table; a roofline fitted to it where the table lacks a shape, which the ``matmul_model`` column says)
+   and reports the error **per point**. Two errors per point, because the model leaves out what every
+   variant shares (attention, embedding, LM head and its logits all_gather): ``rel_error`` on the latency
+   itself, and ``delta_error_us`` on the variant's saving over ``baseline`` at the same token count,
+   where the shared parts cancel;
+2. the speedup of ``sp+async_tp`` over ``baseline`` per token count;
+3. the tuned threshold (``async_tp_min_tokens`` of the measured ``tuned`` rows, next to what
+   :func:`recommend_threshold` picks from the reference rows and vLLM's rule);
+4. the regret of the tuned config at every token count: ``tuned / best measured variant - 1``.
+
+Writes ``prediction_errors.csv``, ``speedup.csv``, ``thresholds.csv``, ``regret.csv`` and ``comparison.md``
+(all of it as Markdown tables) to ``--out``, and prints the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from sp_lab.models.registry import resolve_config
+from sp_lab.tuning.simulate import (
+    INTERCONNECTS,
+    MatmulTable,
+    compare_to_measured,
+    fit_roofline,
+    predict_sweep,
+)
+from sp_lab.tuning.threshold import recommend_threshold, vllm_reference_threshold
+
+SETUP = ("model", "tp", "boundary", "num_layers", "dtype", "hidden_size", "device_name")
+REFERENCE = ("baseline", "sp", "sp+async_tp")
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def load_measured(path: Path) -> pl.DataFrame:
+    """Measured rows from a parquet file or a sweep-store folder; fusion-missing rows are kept (flagged)."""
+    if path.is_dir():
+        from sp_lab.bench.store import SweepStore
+
+        df = SweepStore(path).read()
+    else:
+        df = pl.read_parquet(path)
+    df = df.filter(pl.col("source") == "measured")
+    if df.height == 0:
+        raise SystemExit(f"{path} holds no measured rows (source='measured')")
+    return df
+
+
+def _predicted_tuned(pred: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
+    """Predicted ``tuned`` rows: the measured tuned config's gate applied to the predicted reference curves.
+
+    Below ``async_tp_min_tokens`` (or everywhere when the tuned config has SP off) the tuned config runs the
+    baseline program, from there on SP + AsyncTP.
+    """
+    tuned = measured.filter(pl.col("variant") == "tuned")
+    if tuned.height == 0:
+        return pred.clear()
+    gate = tuned.select("num_tokens", "enable_sp", "async_tp_min_tokens").unique("num_tokens")
+    wide = pred.filter(pl.col("variant").is_in(["baseline", "sp+async_tp"])).join(gate, on="num_tokens")
+    fused = pl.col("enable_sp") & (pl.col("num_tokens") >= pl.col("async_tp_min_tokens"))
+    chosen = wide.filter(pl.when(fused).then(pl.col("variant") == "sp+async_tp")
+                         .otherwise(pl.col("variant") == "baseline"))
+    return chosen.drop("enable_sp", "async_tp_min_tokens").with_columns(variant=pl.lit("tuned"))
+
+
+def predict_for(setup: dict, tokens: list[int], table: MatmulTable, comm_name: str) -> tuple[pl.DataFrame, str]:
+    """The what-if sweep for one measured setup, and which matmul model served it."""
+    spec = resolve_config(setup["model"], num_layers=int(setup["num_layers"]))
+    kwargs = {"num_layers": int(setup["num_layers"]), "comm": INTERCONNECTS[comm_name],
+              "dtype_bytes": DTYPE_BYTES.get(setup["dtype"], 2)}
+    try:
+        return predict_sweep(spec, int(setup["tp"]), tokens, table, **kwargs), "h200 table"
+    except KeyError:  # a shape the shipped H200 table lacks (e.g. llama-2-7b's 11008-wide MLP)
+        return predict_sweep(spec, int(setup["tp"]), tokens, fit_roofline(table), **kwargs), "roofline fit"
+
+
+def prediction_errors(measured: pl.DataFrame, table: MatmulTable, comm_name: str = "h200-nvlink4") -> pl.DataFrame:
+    """Per setup, variant and token count: measured vs predicted latency and saving over baseline."""
+    frames = []
+    for setup_rows in measured.partition_by(list(SETUP), maintain_order=True):
+        setup = setup_rows.row(0, named=True)
+        tokens = sorted(setup_rows["num_tokens"].unique().to_list())
+        pred, how = predict_for(setup, tokens, table, comm_name)
+        pred = pl.concat([pred, _predicted_tuned(pred, setup_rows)], how="vertical_relaxed")
+        cmp = compare_to_measured(pred, setup_rows, on=("num_tokens", "variant"))
+        base = cmp.filter(pl.col("variant") == "baseline").select(
+            "num_tokens", base_pred=pl.col("predicted_us"), base_meas=pl.col("measured_us"))
+        cmp = cmp.join(base, on="num_tokens", how="left").with_columns(
+            predicted_delta_us=pl.col("predicted_us") - pl.col("base_pred"),
+            measured_delta_us=pl.col("measured_us") - pl.col("base_meas"),
+        ).with_columns(delta_error_us=pl.col("predicted_delta_us") - pl.col("measured_delta_us")).drop(
+            "base_pred", "base_meas")
+        frames.append(cmp.with_columns(
+            **{k: pl.lit(setup[k]) for k in ("model", "tp", "boundary", "num_layers", "device_name")},
+            matmul_model=pl.lit(how), comm_model=pl.lit(comm_name)))
+    cols = ["model", "tp", "boundary", "num_layers", "variant", "num_tokens", "measured_us", "predicted_us",
+            "error_us", "rel_error", "measured_delta_us", "predicted_delta_us", "delta_error_us", "matmul_model",
+            "comm_model", "device_name"]
+    return pl.concat(frames, how="vertical_relaxed").select(cols).sort("model", "tp", "boundary", "variant",
+                                                                       "num_tokens")
+
+
+def _wide(measured: pl.DataFrame) -> pl.DataFrame:
+    """One row per (setup, token count), one latency column per variant (median over repeats of a point;
+    fusion-missing rows dropped: they time another program)."""
+    ok = measured.filter(~pl.col("fusion_missing"))
+    return ok.pivot(on="variant", index=[*SETUP, "num_tokens"], values="latency_us",
+                    aggregate_function="median").sort(*SETUP, "num_tokens")
+
+
+def speedups(measured: pl.DataFrame) -> pl.DataFrame:
+    """``baseline / sp+async_tp`` (and ``baseline / sp``) per setup and token count: > 1 means faster."""
+    wide = _wide(measured)
+    need = [v for v in ("baseline", "sp", "sp+async_tp") if v in wide.columns]
+    if "baseline" not in need or "sp+async_tp" not in need:
+        return pl.DataFrame()
+    out = wide.select("model", "tp", "boundary", "num_tokens", *need).with_columns(
+        speedup_sp_async_tp=pl.col("baseline") / pl.col("sp+async_tp"))
+    if "sp" in need:
+        out = out.with_columns(speedup_sp=pl.col("baseline") / pl.col("sp"))
+    return out
+
+
+def thresholds(measured: pl.DataFrame) -> pl.DataFrame:
+    """Per setup: the tuned config's threshold, what the reference rows recommend, and vLLM's rule."""
+    rows = []
+    for setup_rows in measured.partition_by(list(SETUP), maintain_order=True):
+        setup = setup_rows.row(0, named=True)
+        tuned = setup_rows.filter(pl.col("variant") == "tuned")
+        if tuned.height:
+            cfg = json.loads(tuned["config_json"][0])["sp_lab"]
+            measured_thr = cfg["async_tp_min_tokens"] if cfg["enable_sp"] else "never"
+        else:
+            measured_thr = None
+        try:
+            rec = recommend_threshold(setup_rows.filter(pl.col("variant").is_in(REFERENCE)))
+            recommended = "never" if rec.never_fuse else rec.threshold
+        except ValueError as e:
+            recommended = f"n/a ({e})"
+        rows.append({
+            "model": setup["model"], "tp": setup["tp"], "boundary": setup["boundary"],
+            "tuned_async_tp_min_tokens": str(measured_thr),
+            "recommended_from_rows": str(recommended),
+            "vllm_sp_min_token_num": str(vllm_reference_threshold(
+                int(setup["hidden_size"]), DTYPE_BYTES.get(setup["dtype"], 2), int(setup["tp"]))),
+        })
+    return pl.DataFrame(rows)
+
+
+def regret(measured: pl.DataFrame) -> pl.DataFrame:
+    """Regret of the measured tuned config at every token count: ``tuned / fastest variant - 1``."""
+    wide = _wide(measured)
+    refs = [v for v in REFERENCE if v in wide.columns]
+    if "tuned" not in wide.columns or not refs:
+        return pl.DataFrame()
+    best = pl.min_horizontal(*refs, "tuned")
+    best_name = pl.lit(None, dtype=pl.Utf8)
+    for v in (*refs, "tuned"):  # the first variant (in this order) that attains the minimum
+        best_name = pl.when(best_name.is_null() & (pl.col(v) == best)).then(pl.lit(v)).otherwise(best_name)
+    return wide.select("model", "tp", "boundary", "num_tokens", "tuned", best_us=best, best_variant=best_name).with_columns(
+        regret_rel=pl.col("tuned") / pl.col("best_us") - 1)
+
+
+def markdown(df: pl.DataFrame, floats: int = 3) -> str:
+    """A GitHub Markdown table of ``df``."""
+    if df.height == 0:
+        return "_(no rows)_\n"
+
+    def cell(v: object) -> str:
+        return f"{v:.{floats}f}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    return head + "".join("| " + " | ".join(cell(v) for v in row) + " |\n" for row in df.iter_rows())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("rows", type=Path, help="measured rows: a .parquet file or a sweep-store folder")
+    parser.add_argument("--out", type=Path, default=Path("out/multigpu_compare"), help="output folder")
+    parser.add_argument("--comm", default="h200-nvlink4", choices=sorted(INTERCONNECTS),
+                        help="interconnect model of the prediction")
+    args = parser.parse_args(argv)
+    measured = load_measured(args.rows)
+    errors = prediction_errors(measured, MatmulTable.default(), args.comm)
+    tables = {"speedup": speedups(measured), "thresholds": thresholds(measured), "regret": regret(measured),
+              "prediction_errors": errors}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():
+        if df.height:
+            df.write_csv(args.out / f"{name}.csv", float_precision=4)
+    summary = errors.group_by("model", "tp", "boundary", "variant").agg(
+        points=pl.len(),
+        median_abs_rel_error=pl.col("rel_error").abs().median(),
+        max_abs_rel_error=pl.col("rel_error").abs().max(),
+        median_abs_delta_error_us=pl.col("delta_error_us").abs().median(),
+    ).sort("model", "tp", "boundary", "variant")
+    text = (
+        f"# Multi-GPU sweeps vs the what-if model\n\nRows: `{args.rows}` ({measured.height} measured). "
+        "Predictions: `sp_lab.tuning.simulate.predict_sweep` (attention, embedding and LM head excluded, so "
+        "`rel_error` is biased low; `delta_error_us` compares savings over baseline, where they cancel).\n\n"
+        "## Speedup of sp+async_tp over baseline\n\n" + markdown(tables["speedup"])
+        + "\n## Tuned threshold per model and tp\n\n" + markdown(tables["thresholds"])
+        + "\n## Regret of the tuned config at every token count\n\n" + markdown(tables["regret"])
+        + "\n## Prediction error, summary\n\n" + markdown(summary)
+        + "\n## Prediction error per point\n\n" + markdown(errors.drop("comm_model", "device_name"), floats=1)
+    )
+    (args.out / "comparison.md").write_text(text)
+    print(text)
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
