@@ -20,12 +20,14 @@ is made of (the C++/Triton code caches stay on).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import inspect
 import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._guards import detect_fake_mode
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -266,17 +269,34 @@ class _RangeCompiler:
             splitting_ops=self.splitting_ops,
         )
 
-    def _inductor(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> Callable:
-        patches = {"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}
-        with torch._inductor.config.patch(patches):
-            return compile_fx(gm, inputs)
+    def _inductor(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> tuple[Callable, bool]:
+        """Compile with Inductor (FX-graph cache on); returns the artifact and whether the cache served it.
+
+        On a cache hit our post-grad pass does not run, so what it observed the first time (the report's
+        source) is kept beside Inductor's cache under the same identity: the pass's ``uuid()`` (every setting)
+        plus the piece's structural fingerprint (graph and input shapes). Without that record the piece is
+        compiled again with the cache off, so a report is never made up.
+        """
+        record = _observation_path(sp_pass.uuid(), structural_fingerprint(gm, inputs))
+        with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": True}):
+            fn = compile_fx(gm, inputs)
+        if sp_pass.observation.ran:
+            sp_pass.observation.save(record)
+            return fn, False
+        if sp_pass.observation.load(record):
+            return fn, True
+        with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}):
+            fn = compile_fx(gm, inputs)
+        sp_pass.observation.save(record)
+        return fn, False
 
     # -- modes -----------------------------------------------------------------------------------------------------
     def _compile_full_graph(self) -> Callable:
         sp_pass = self._pass(sp=self.range.enable_sp, policy="whole_graph")
         start = time.perf_counter()
-        fn = self._inductor(self.gm, self.example_inputs, sp_pass)
+        fn, inductor_hit = self._inductor(self.gm, self.example_inputs, sp_pass)
         record = self._record(0, "graph", self.gm, self.example_inputs, sp_pass.observation, start)
+        record.inductor_cache_hit = inductor_hit
         self.report.pieces = [record]
         return fn
 
@@ -377,7 +397,7 @@ class _RangeCompiler:
         sp_pass = self._pass(sp=sp, policy=policy)
         start = time.perf_counter()
         try:
-            fn = self._inductor(submod, args, sp_pass)
+            fn, inductor_hit = self._inductor(submod, args, sp_pass)
         except Exception as e:
             failure = _copy_epilogue_failure(e, index, sp_pass.observation)
             if failure is None:
@@ -388,6 +408,7 @@ class _RangeCompiler:
         record = self._record(index, name, submod, args, sp_pass.observation, start)
         record.fingerprint = fingerprint
         record.cache_hit = False
+        record.inductor_cache_hit = inductor_hit
         self._dedup[fingerprint] = _CompiledPiece(fn, record)
         return fn, record
 
@@ -489,6 +510,11 @@ def _guarded(fn: Callable, index: int, report: RangeReport, failures: list) -> C
             raise BoundaryError(_explain(failure, None, report.boundary)) from e
 
     return run
+
+
+def _observation_path(pass_uuid: str, fingerprint: str) -> Path:
+    key = hashlib.sha256(f"{pass_uuid}:{fingerprint}".encode()).hexdigest()[:32]
+    return Path(cache_dir()) / "sp_lab_observations" / f"{key}.json"
 
 
 def _input_guard_failure(error: AssertionError, record: PieceRecord, args) -> BoundaryFailure:

@@ -155,7 +155,8 @@ class PieceRecord:
     kind: str  # "compiled" | "splitting_op"
     op: str | None = None
     compile_time_s: float = 0.0
-    cache_hit: bool | None = None
+    cache_hit: bool | None = None  # served by an identical piece compiled earlier in this range
+    inductor_cache_hit: bool | None = None  # Inductor's FX-graph cache served the compile
     matches: dict[str, int] = field(default_factory=dict)
     op_counts_before: dict[str, int] = field(default_factory=dict)
     op_counts_after: dict[str, int] = field(default_factory=dict)

@@ -7,7 +7,10 @@ graph compiled under other settings.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from sp_lab.compiler.passes.async_tp import apply_async_tp
-from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.boundary import BoundaryEvents, policy_for
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.report import graph_snapshot, op_counts, shape_json
 from sp_lab.rules import MatmulRule
@@ -38,7 +41,26 @@ class PieceObservation:
     changed: list[str] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
-    boundary: object = None
+    boundary: BoundaryEvents | None = None
+
+    def save(self, path: Path) -> None:
+        """Write the observation as JSON (atomically: a concurrent compile may read it)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self)))
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> bool:
+        """Fill this observation from ``path``; False when there is no readable record."""
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        boundary = data.pop("boundary")
+        for name, value in data.items():
+            setattr(self, name, value)
+        self.boundary = BoundaryEvents(**boundary) if boundary is not None else None
+        return True
 
 
 @dataclass
