@@ -222,3 +222,12 @@ def test_llama_2_7b_shapes_fall_back_to_the_roofline_fit():
     measured = pl.DataFrame(_curve(model="llama-2-7b"))
     errors = compare.prediction_errors(measured, MatmulTable.default())
     assert set(errors["matmul_model"]) == {"roofline fit"} and errors.height == 24
+
+
+def test_a_job_that_only_lacked_plotly_for_its_report_counts_as_done(tmp_path):
+    (tmp_path / "job.log").write_text("[4/5] tuned config -> x\nModuleNotFoundError: No module named 'plotly'\n")
+    assert plan._classify(1, tmp_path)[0] == "failed"  # nothing exported yet: a real failure
+    (tmp_path / "device_name=NVIDIA_H200,tp=2,model=llama-3-8b,dtype=bfloat16.json").write_text("{}")
+    status, reason = plan._classify(1, tmp_path)
+    assert status == "ok" and "plotly" in reason
+    assert plan._classify(0, tmp_path) == ("ok", "")
