@@ -14,7 +14,7 @@ store folder), and for every setup (model, tp, boundary, layers, dtype, device):
 2. the speedup of ``sp+async_tp`` over ``baseline`` per token count;
 3. the tuned threshold (``async_tp_min_tokens`` of the measured ``tuned`` rows, next to what
    :func:`recommend_threshold` picks from the reference rows and vLLM's rule);
-4. the regret of the tuned config at every token count: ``tuned / best measured variant - 1``.
+4. the regret of the tuned config at every token count: ``tuned / min(baseline, sp+async_tp, tuned) - 1``.
 
 Writes ``prediction_errors.csv``, ``speedup.csv``, ``thresholds.csv``, ``regret.csv`` and ``comparison.md``
 (all of it as Markdown tables) to ``--out``, and prints the Markdown.
@@ -165,9 +165,13 @@ def thresholds(measured: pl.DataFrame) -> pl.DataFrame:
 
 
 def regret(measured: pl.DataFrame) -> pl.DataFrame:
-    """Regret of the measured tuned config at every token count: ``tuned / fastest variant - 1``."""
+    """Regret of the measured tuned config at every token count: ``tuned / fastest choice - 1``.
+
+    The choices are what a threshold can pick between, ``baseline`` and ``sp+async_tp`` (as
+    :func:`sp_lab.tuning.threshold.regret_table`), plus ``tuned`` itself so that noise never makes it negative.
+    """
     wide = _wide(measured)
-    refs = [v for v in REFERENCE if v in wide.columns]
+    refs = [v for v in ("baseline", "sp+async_tp") if v in wide.columns]
     if "tuned" not in wide.columns or not refs:
         return pl.DataFrame()
     best = pl.min_horizontal(*refs, "tuned")
