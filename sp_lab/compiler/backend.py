@@ -19,6 +19,7 @@ is made of (the C++/Triton code caches stay on).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import inspect
@@ -71,23 +72,33 @@ class BoundaryError(RuntimeError):
     """SP broke a piece boundary (strategy ``none``); the report's ``failures`` holds the details."""
 
 
-def compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
+def compile(
+    model: torch.nn.Module, config: LabConfig, *, inspect_only: bool | None = None
+) -> CompiledModel:
     """Compile ``model`` piecewise with SP + AsyncTP as ``config`` asks; call on every rank.
 
     ``model``: any module whose first forward argument has the token count as dim 0 (sp_lab's models, or
     plain PyTorch written with functional collectives). Nothing is compiled until the first call.
+
+    ``inspect_only`` (default: True when the model's parameters are on the meta device): capture, split and
+    run every pass exactly as a real compile does and fill the CompileReport, but skip Inductor's code
+    generation; calls then run the captured graph as it is (on meta tensors: shapes only). This is how an
+    80-layer 70B-shaped model at tp 8 is inspected on a laptop under ``fake_process_group(8)``.
     """
     if not isinstance(config, LabConfig):
         raise TypeError(f"config: expected sp_lab.LabConfig, got {type(config).__name__}")
-    return CompiledModel(model, config)
+    if inspect_only is None:
+        inspect_only = any(p.is_meta for p in model.parameters())
+    return CompiledModel(model, config, inspect_only=inspect_only)
 
 
 class CompiledModel:
     """Callable like the model; each call is served by the artifact of the range holding its token count."""
 
-    def __init__(self, model: torch.nn.Module, config: LabConfig):
+    def __init__(self, model: torch.nn.Module, config: LabConfig, *, inspect_only: bool = False):
         self.model = model
         self.config = config
+        self.inspect_only = inspect_only
         self.effective: EffectiveConfig = enable_sp_and_async_tp(config)
         for reason in self.effective.reasons:
             log.info("sp_lab.compile: %s", reason)
@@ -154,7 +165,9 @@ class CompiledModel:
         return dispatch
 
 
-def _range_inputs(example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode) -> tuple[list, Any]:
+def _range_inputs(
+    example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode, *, inspect_only: bool = False
+) -> tuple[list, Any]:
     """Fresh fake inputs for one range: the token count is a new symbol bounded to ``[lo, hi]``.
 
     Dynamo's inputs carry the hint of whichever call captured the graph. If that was 2 tokens at tp 2, the
@@ -164,6 +177,12 @@ def _range_inputs(example_inputs: list[Any], token_index: int, rng: CompileRange
     """
     token = example_inputs[token_index]
     old_size = token.shape[0]
+
+    def device(x: torch.Tensor) -> torch.device:
+        # A meta-device model is traced as if on the CPU (fake tensors allocate nothing either way): Inductor's
+        # pattern matcher skips nodes whose values live on the meta device, and the report must show the fusions.
+        return torch.device("cpu") if inspect_only and x.device.type == "meta" else x.device
+
     if isinstance(old_size, int):  # Dynamo specialised this graph (1 token): nothing symbolic to re-hint
         return example_inputs, fake_mode
     lo, hi = max(rng.lo, 2), rng.hi
@@ -182,7 +201,7 @@ def _range_inputs(example_inputs: list[Any], token_index: int, rng: CompileRange
     for i, x in enumerate(example_inputs):
         if i == token_index:
             with mode:
-                inputs.append(torch.empty(new_token.shape, dtype=token.dtype, device=token.device))
+                inputs.append(torch.empty(new_token.shape, dtype=token.dtype, device=device(token)))
         elif isinstance(x, torch.SymInt):
             inputs.append(symbol if same_size(x, old_size) else int(x.node.hint))
         elif isinstance(x, torch.Tensor):
@@ -192,7 +211,7 @@ def _range_inputs(example_inputs: list[Any], token_index: int, rng: CompileRange
                     "compiles one symbolic token dimension per range"
                 )
             with mode:
-                inputs.append(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device))
+                inputs.append(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x)))
         else:
             inputs.append(x)
     return inputs, mode
@@ -235,7 +254,12 @@ class _RangeCompiler:
         self.range: CompileRange = owner.ranges[index]
         self.report: RangeReport = owner.report.ranges[index]
         self.gm, self.token_index = gm, token_index
-        self.example_inputs, self.fake_mode = _range_inputs(example_inputs, token_index, self.range, fake_mode)
+        self.inspect_only = owner.inspect_only
+        if self.inspect_only:
+            self.gm_to_run, self.gm = gm, _meta_devices_to_cpu(gm)
+        self.example_inputs, self.fake_mode = _range_inputs(
+            example_inputs, token_index, self.range, fake_mode, inspect_only=owner.inspect_only
+        )
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
         self.splitting_ops = frozenset(self.config.splitting_ops)
@@ -251,6 +275,8 @@ class _RangeCompiler:
             fn = self._compile_piecewise(self.gm, self.example_inputs, in_piece_sp=self.range.enable_sp)
         self.report.compile_time_s = time.perf_counter() - start
         self.report.compiled = True
+        if self.inspect_only:
+            return self.gm_to_run  # the report is complete; calls run the captured graph as it is
         return fn
 
     # -- the post-grad pass for one piece ---------------------------------------------------------------------------
@@ -277,6 +303,8 @@ class _RangeCompiler:
         plus the piece's structural fingerprint (graph and input shapes). Without that record the piece is
         compiled again with the cache off, so a report is never made up.
         """
+        if self.inspect_only:
+            return _run_passes_only(gm, inputs, sp_pass), False
         record = _observation_path(sp_pass.uuid(), structural_fingerprint(gm, inputs))
         with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": True}):
             fn = compile_fx(gm, inputs)
@@ -510,6 +538,42 @@ def _guarded(fn: Callable, index: int, report: RangeReport, failures: list) -> C
             raise BoundaryError(_explain(failure, None, report.boundary)) from e
 
     return run
+
+
+def _meta_devices_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose device constants say "cpu" where they said "meta" (see ``_range_inputs``)."""
+    graph = copy.deepcopy(gm.graph)
+    meta = torch.device("meta")
+
+    def to_cpu(value: Any) -> Any:
+        return torch.device("cpu") if isinstance(value, torch.device) and value == meta else value
+
+    for node in graph.nodes:
+        node.args = fx.node.map_aggregate(node.args, to_cpu)
+        node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
+    return fx.GraphModule(gm, graph)
+
+
+def _run_passes_only(gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> Callable:
+    """AOT-trace ``gm`` to the functional aten graph Inductor would receive and run our pass on it, no codegen."""
+
+    def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
+        sp_pass(aten_gm.graph)
+        aten_gm.recompile()
+        return make_boxed_func(aten_gm)
+
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    if not isinstance(output.args[0], (tuple, list)):  # AOT wants tuple outputs; nothing runs the result
+        graph = copy.deepcopy(gm.graph)
+        tuple_output = next(n for n in reversed(graph.nodes) if n.op == "output")
+        tuple_output.args = ((tuple_output.args[0],),)
+        gm = fx.GraphModule(gm, graph)
+    fake_mode = detect_fake_mode(inputs)
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+        return aot_module_simplified(
+            gm, inputs, fw_compiler=forward_compiler, decompositions=select_decomp_table(),
+            keep_inference_input_mutations=True,
+        )
 
 
 def _observation_path(pass_uuid: str, fingerprint: str) -> Path:
