@@ -100,6 +100,8 @@ class CompiledModel:
         self.config = config
         self.inspect_only = inspect_only
         self.effective: EffectiveConfig = enable_sp_and_async_tp(config)
+        self._capture_sizes = set(config.resolved_capture_sizes()) if self.effective.cudagraphs else set()
+        self.at_capture_size = False  # whether the call in flight runs at a CUDA-graph capture size
         for reason in self.effective.reasons:
             log.info("sp_lab.compile: %s", reason)
         self.ranges = plan_ranges(config, self.effective)
@@ -125,6 +127,7 @@ class CompiledModel:
         num_tokens = tokens.shape[0]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
         padded = self._capture_size(num_tokens)
+        self.at_capture_size = padded in self._capture_sizes
         if padded != num_tokens:
             # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
             tokens = torch.cat([tokens, tokens.new_zeros((padded - num_tokens, *tokens.shape[1:]))])
@@ -138,9 +141,7 @@ class CompiledModel:
         return out
 
     def _capture_size(self, num_tokens: int) -> int:
-        if not self.effective.cudagraphs:
-            return num_tokens
-        sizes = [s for s in self.config.resolved_capture_sizes() if s >= num_tokens]
+        sizes = [s for s in self._capture_sizes if s >= num_tokens]
         return min(sizes) if sizes else num_tokens
 
     # -- Dynamo backend -------------------------------------------------------------------------------------------
@@ -255,6 +256,7 @@ class _RangeCompiler:
         self.report: RangeReport = owner.report.ranges[index]
         self.gm, self.token_index = gm, token_index
         self.inspect_only = owner.inspect_only
+        self.at_capture_size = lambda: owner.at_capture_size
         if self.inspect_only:
             self.gm_to_run, self.gm = gm, _meta_devices_to_cpu(gm)
         self.example_inputs, self.fake_mode = _range_inputs(
@@ -275,9 +277,29 @@ class _RangeCompiler:
             fn = self._compile_piecewise(self.gm, self.example_inputs, in_piece_sp=self.range.enable_sp)
         self.report.compile_time_s = time.perf_counter() - start
         self.report.compiled = True
+        if self.effective.fused_op_impl == "symm_mem" and not self.inspect_only:
+            self._reserve_symm_mem_workspace()
         if self.inspect_only:
             return self.gm_to_run  # the report is complete; calls run the captured graph as it is
         return fn
+
+    def _reserve_symm_mem_workspace(self) -> None:
+        """Size the symmetric-memory workspace for the largest fused matmul of the range, up front.
+
+        The fused kernels grow the workspace on demand by re-allocating it; a CUDA graph captured before that
+        would keep pointing at the freed buffer. Reserving for ``hi`` tokens before any capture avoids it.
+        """
+        from torch.distributed._symmetric_memory import get_symm_mem_workspace
+
+        rows = self.range.hi + self.effective.tp_size  # padded to a multiple of tp
+        widths = [
+            d["k"] if d["pattern"] == "all_gather_matmul" else d["n"]
+            for piece in self.report.pieces
+            for d in piece.async_tp_decisions
+            if d["decision"] == "fuse" and d["k"] is not None
+        ]
+        if widths:
+            get_symm_mem_workspace(self.group_name, min_size=rows * max(widths) * 4)  # 4 bytes: fp32 worst case
 
     # -- the post-grad pass for one piece ---------------------------------------------------------------------------
     def _pass(self, *, sp: bool, policy: str) -> SpLabPostGradPass:
@@ -375,7 +397,7 @@ class _RangeCompiler:
         for piece in split.compiled_pieces:
             fn = compiled[piece.name]
             if self.effective.cudagraphs:
-                fn = CudaGraphPiece(fn)
+                fn = CudaGraphPiece(fn, self.at_capture_size)
             split.module.__dict__[piece.name] = _guarded(fn, piece.index, self.report, failures)
         return run
 

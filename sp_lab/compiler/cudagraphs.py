@@ -26,14 +26,21 @@ def _pool(device: int) -> Any:
 
 
 class CudaGraphPiece:
-    """Replays ``fn`` from a CUDA graph for every input-shape signature seen (captured on second sight)."""
+    """Replays ``fn`` from a CUDA graph per input-shape signature (captured on second sight).
 
-    def __init__(self, fn: Callable):
+    ``should_capture()`` says whether the current call is at a capture size; other calls run ``fn`` as it is,
+    so token counts above the largest capture size never pile up graphs and their memory.
+    """
+
+    def __init__(self, fn: Callable, should_capture: Callable[[], bool]):
         self.fn = fn
+        self.should_capture = should_capture
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[Any], Any]] = {}
         self.seen: set[tuple] = set()
 
     def __call__(self, *args: Any) -> Any:
+        if not self.should_capture():
+            return self.fn(*args)
         key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
         if key in self.graphs:
             graph, static_args, static_out = self.graphs[key]

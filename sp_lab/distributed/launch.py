@@ -81,6 +81,7 @@ __all__ = [
 _RANK_ENV_DEFAULTS = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
 }
 
 # Backends a rank of launch() cannot use, and what to do instead.
