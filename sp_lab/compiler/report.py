@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "CompileReport",
     "PieceRecord",
     "RangeReport",
+    "ReportError",
     "graph_snapshot",
     "op_counts",
     "shape_json",
@@ -132,6 +135,10 @@ def structural_fingerprint(gm: fx.GraphModule, example_inputs: list[Any]) -> str
     ]
     parts.append([(shape_json(x), str(getattr(x, "dtype", type(x).__name__))) for x in example_inputs])
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
+class ReportError(ValueError):
+    """A saved CompileReport is malformed; the message names the field's path (``ranges[1].pieces[0].lo``)."""
 
 
 @dataclass
@@ -279,16 +286,31 @@ class CompileReport:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompileReport:
+        """Inverse of :meth:`to_dict`. A malformed report raises :class:`ReportError` (a ``ValueError``) naming
+        the field's path (e.g. ``ranges[1].pieces[0].op_counts_after``), what it should hold and what it holds."""
+        if not isinstance(d, dict):
+            raise ReportError(f"compile report: expected a JSON object, got {_json_kind(d)}")
         if d.get("schema") != SCHEMA:
-            raise ValueError(f"not an sp_lab compile report: schema {d.get('schema')!r}, expected {SCHEMA!r}")
-        ranges = []
-        for r in d["ranges"]:
-            r = dict(r)
-            r.pop("erased_copies", None)
-            r.pop("numerically_unsafe", None)
-            r["pieces"] = [PieceRecord(**p) for p in r["pieces"]]
-            r["failures"] = [BoundaryFailure(**f) for f in r["failures"]]
-            ranges.append(RangeReport(**r))
+            raise ReportError(f"not an sp_lab compile report: schema {d.get('schema')!r}, expected {SCHEMA!r}")
+        _check_keys(d, "", required=("requested", "effective", "provenance", "ranges"),
+                    allowed=("schema", "model", "failures"))  # fmt: skip
+        for key in ("requested", "effective", "provenance", "model"):
+            if key in d:
+                _check_json_type(key, d[key], dict)
+        _check_json_type("ranges", d["ranges"], list)
+        ranges = [
+            _dataclass_from_dict(
+                RangeReport,
+                r,
+                f"ranges[{i}]",
+                derived=("erased_copies", "numerically_unsafe"),  # recomputed from the pieces
+                nested={"pieces": PieceRecord, "failures": BoundaryFailure},
+            )
+            for i, r in enumerate(d["ranges"])
+        ]
+        for i, r in enumerate(ranges):
+            if not 1 <= r.lo <= r.hi:
+                raise ReportError(f"compile report: ranges[{i}]: token range [{r.lo}, {r.hi}] is empty or below 1")
         return cls(d["requested"], d["effective"], d["provenance"], d.get("model", {}), ranges)
 
     @classmethod
@@ -302,3 +324,78 @@ class CompileReport:
         except json.JSONDecodeError as e:
             raise ValueError(f"compile report is not valid JSON: {e}") from None
         return cls.from_dict(data)
+
+
+# -- reading a report back: every field checked, errors name its path ---------------------------------------------
+
+
+def _json_kind(value: Any) -> str:
+    return f"{type(value).__name__} {value!r:.60}"
+
+
+def _check_keys(data: dict, path: str, *, required: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    where = f"compile report: {path + ': ' if path else ''}"
+    unknown = sorted(set(data) - set(required) - set(allowed))
+    if unknown:
+        raise ReportError(f"{where}unknown field(s) {unknown}; known: {sorted({*required, *allowed})}")
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise ReportError(f"{where}missing field(s) {missing}")
+
+
+def _check_json_type(path: str, value: Any, expected: Any) -> None:
+    """Raise ``ReportError("compile report: <path>: expected <type>, got <kind> <value>")`` unless it fits."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        (expected,) = [a for a in args if a is not type(None)]
+        origin, args = typing.get_origin(expected), typing.get_args(expected)
+    base = origin or expected
+    if base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif base is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, base)
+    if not ok:
+        name = getattr(expected, "__name__", None) if not args else str(expected)
+        raise ReportError(f"compile report: {path}: expected {name or expected}, got {_json_kind(value)}")
+    if base is dict and args:
+        for key, item in value.items():
+            _check_json_type(f"{path}[{key!r}]", key, args[0])
+            _check_json_type(f"{path}[{key!r}]", item, args[1])
+    elif base is list and args:
+        for i, item in enumerate(value):
+            _check_json_type(f"{path}[{i}]", item, args[0])
+
+
+def _dataclass_from_dict(
+    cls: type, data: Any, path: str, *, derived: tuple[str, ...] = (), nested: dict[str, type] | None = None
+) -> Any:
+    """``cls(**data)`` after checking every field of ``data`` against ``cls``'s annotations.
+
+    ``derived`` keys are written by ``to_dict`` but recomputed on load (dropped); ``nested`` maps a field to
+    the dataclass of its list items.
+    """
+    if not isinstance(data, dict):
+        raise ReportError(f"compile report: {path}: expected an object, got {_json_kind(data)}")
+    fields = dataclasses.fields(cls)
+    required = tuple(
+        f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    _check_keys(data, path, required=required, allowed=(*(f.name for f in fields), *derived))
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        if name in derived:
+            continue
+        if nested and name in nested:
+            _check_json_type(f"{path}.{name}", value, list)
+            kwargs[name] = [
+                _dataclass_from_dict(nested[name], item, f"{path}.{name}[{i}]") for i, item in enumerate(value)
+            ]
+        else:
+            _check_json_type(f"{path}.{name}", value, hints[name])
+            kwargs[name] = value
+    return cls(**kwargs)
