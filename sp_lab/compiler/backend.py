@@ -37,7 +37,7 @@ from torch import fx
 from torch._dynamo.source import ConstantSource, LocalSource
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._guards import detect_fake_mode
-from torch._inductor.compile_fx import compile_fx
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -266,6 +266,7 @@ class _RangeCompiler:
         self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
         self.splitting_ops = frozenset(self.config.splitting_ops)
         self._dedup: dict[str, _CompiledPiece] = {}
+        self._aten_pieces = False
 
     def compile(self) -> Callable:
         start = time.perf_counter()
@@ -328,15 +329,16 @@ class _RangeCompiler:
         if self.inspect_only:
             return _run_passes_only(gm, inputs, sp_pass), False
         record = _observation_path(sp_pass.uuid(), structural_fingerprint(gm, inputs))
+        compile_one = _compile_aten_piece if self._aten_pieces else compile_fx
         with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": True}):
-            fn = compile_fx(gm, inputs)
+            fn = compile_one(gm, inputs)
         if sp_pass.observation.ran:
             sp_pass.observation.save(record)
             return fn, False
         if sp_pass.observation.load(record):
             return fn, True
         with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}):
-            fn = compile_fx(gm, inputs)
+            fn = compile_one(gm, inputs)
         sp_pass.observation.save(record)
         return fn, False
 
@@ -363,6 +365,7 @@ class _RangeCompiler:
             )
             aten_gm.recompile()
             self._whole_graph_sp = sp
+            self._aten_pieces = True  # already functional aten: Inductor's inner compile, no second AOT trace
             runner = self._compile_piecewise(aten_gm, aten_inputs, in_piece_sp=False)
             return make_boxed_func(runner)
 
@@ -562,6 +565,31 @@ def _guarded(fn: Callable, index: int, report: RangeReport, failures: list) -> C
     return run
 
 
+def _compile_aten_piece(gm: fx.GraphModule, inputs: list[Any]) -> Callable:
+    """Inductor's inner compile for a piece that is already a functional aten graph (the sharded path)."""
+    single = _with_tuple_output(gm)
+    # A tracing context of its own: the enclosing one belongs to the whole graph's AOT trace.
+    with torch._guards.tracing(torch._guards.TracingContext(detect_fake_mode(inputs))):
+        compiled = compile_fx_inner(single if single is not None else gm, inputs, is_inference=True)
+
+    def run(*args: Any) -> Any:
+        out = compiled(list(args))
+        return out[0] if single is not None else out
+
+    return run
+
+
+def _with_tuple_output(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A copy of ``gm`` returning ``(x,)`` where it returned ``x``; None when it already returns a tuple."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    if isinstance(output.args[0], (tuple, list)):
+        return None
+    graph = copy.deepcopy(gm.graph)
+    tuple_output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    tuple_output.args = ((tuple_output.args[0],),)
+    return fx.GraphModule(gm, graph)
+
+
 def _meta_devices_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` whose device constants say "cpu" where they said "meta" (see ``_range_inputs``)."""
     graph = copy.deepcopy(gm.graph)
@@ -584,12 +612,7 @@ def _run_passes_only(gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGr
         aten_gm.recompile()
         return make_boxed_func(aten_gm)
 
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    if not isinstance(output.args[0], (tuple, list)):  # AOT wants tuple outputs; nothing runs the result
-        graph = copy.deepcopy(gm.graph)
-        tuple_output = next(n for n in reversed(graph.nodes) if n.op == "output")
-        tuple_output.args = ((tuple_output.args[0],),)
-        gm = fx.GraphModule(gm, graph)
+    gm = _with_tuple_output(gm) or gm  # AOT wants tuple outputs; nothing runs the result
     fake_mode = detect_fake_mode(inputs)
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         return aot_module_simplified(
