@@ -212,6 +212,8 @@ def draw_case(
     shape = dict(shape, num_layers=rng.randint(lo_layers, max(lo_layers, hi_layers)))
     lo = rng.choice([1, 2, rng.randint(3, 12)]) if boundary not in ("none",) else rng.randint(2, 12)
     hi = min(max_tokens, lo + rng.randint(3, 24))
+    if hi == tp + 1:  # KNOWN_BUG_TP_PLUS_ONE (test_known_bug_...): drawn apart, so the profiles stay green
+        hi += 1
     # none fails at the first SP-range call and gather_erase's finding lives in the SP range: one count below
     # the threshold is enough for them (it shows the range without SP is unaffected).
     counts = draw_token_counts(rng, tp, lo, hi, low_range=True)
@@ -242,9 +244,10 @@ def draw_profile(
     max_tokens: int = 40,
     start: int = 0,
 ) -> list[FuzzCase]:
-    """``num_cases`` cases over ``num_shapes`` drawn shapes (cases share shapes: Inductor's kernel cache then
-    serves the later strategies). Strategy x residual form pairs are dealt round-robin from a shuffled deck, so
-    any 10 consecutive cases cover all five strategies with both residual forms."""
+    """Cases ``start .. start + num_cases - 1`` over ``num_shapes`` drawn widths (cases share widths: Inductor's
+    kernel cache then serves the later strategies). Strategy x residual form pairs are dealt round-robin from a
+    shuffled deck, so any 10 consecutive cases cover all five strategies with both residual forms. Case ``i``
+    has a generator of its own: it is the same case whichever chunk of the profile draws it."""
     rng = random.Random(f"{seed}-tp{tp}")
     shapes = [draw_shape(rng, tp) for _ in range(num_shapes)]
     deck = [(strategy, inplace) for strategy in STRATEGIES for inplace in (False, True)]
@@ -254,7 +257,7 @@ def draw_profile(
         strategy, inplace = deck[i % len(deck)]
         cases.append(
             draw_case(
-                rng, seed=seed, index=i, tp=tp, shape=shapes[i % num_shapes], strategy=strategy,
+                random.Random(f"{seed}-tp{tp}-case{i}"), seed=seed, index=i, tp=tp, shape=shapes[i % num_shapes], strategy=strategy,
                 residual_inplace=inplace, layers=layers, max_tokens=max_tokens,
             )
         )  # fmt: skip
@@ -361,17 +364,18 @@ def check_op_counts(case: FuzzCase, num_tokens: int, counts: dict[str, int]) -> 
 
 def check_case(case: FuzzCase, per_rank: list[dict[str, Any]]) -> None:
     """Assert ``case``'s expected outcome on every rank (see the module docstring's table)."""
-    where = f"case {case.label}; rerun alone with: python {Path(__file__).name} '{case.to_json()}'"
+    where = f"case {case.label}; rerun alone with: python tests/{Path(__file__).name} '{case.to_json()}'"
     for rank, got in enumerate(per_rank):
         counts, error = got["counts"], got["error"]
+        raised = f"rank {rank} raised {error[0]}: {error[1]}" if error else f"rank {rank} raised nothing"
         if case.expect == "boundary_error":
-            assert error is not None and error[0] == BoundaryError.__name__, (rank, error, where)
-            assert "boundary='none'" in error[1], (rank, error, where)
+            assert error is not None and error[0] == BoundaryError.__name__, f"{raised}\n{where}"
+            assert "boundary='none'" in error[1], f"{raised}\n{where}"
             # It failed at the first SP-range count, after every count below the threshold had run cleanly.
             assert all(n < case.async_tp_min_tokens for n in counts), (rank, list(counts), where)
             assert all(r["max_abs_error"] <= ATOL for r in counts.values()), (rank, counts, where)
             continue
-        assert error is None, (rank, error, where)
+        assert error is None, f"{raised} after counts {list(counts)}\n{where}"
         assert set(counts) == set(case.token_counts), where
         vocab = case.shape["vocab_size"]
         for n, r in counts.items():
@@ -468,14 +472,33 @@ def check_traced(case: FuzzCase) -> None:
     with fake_process_group(case.tp):
         got = run_case(case, rank=0, numerics=False)
     torch._dynamo.reset()
+    raised = f"{case.label}: {got['error'][0]}: {got['error'][1]}" if got["error"] else f"{case.label}: no error"
+    where = f"{raised}\ncase: {case.to_json()}"
     if case.expect == "boundary_error":
-        assert got["error"] is not None and got["error"][0] == BoundaryError.__name__, (case.label, got["error"])
+        assert got["error"] is not None and got["error"][0] == BoundaryError.__name__, where
         return
-    assert got["error"] is None, (case.label, got["error"])
+    assert got["error"] is None, f"{where}\nafter counts {list(got['counts'])}"
     assert set(got["counts"]) == set(case.token_counts), case.label
     for n, r in got["counts"].items():
         assert r["shape"] == (n, case.shape["vocab_size"]), (case.label, n)
         check_op_counts(case, n, r["op_counts"])
+
+
+KNOWN_BUG_TP_PLUS_ONE = (
+    "sp_lab/compiler/backend.py _range_inputs: an SP range whose upper bound is tp + 1 compiles an artifact "
+    "specialised to N = tp + 1 (probably: the hint is then tp + 1, where floor(N / tp) == 1 is specialised like "
+    "any size-1 dim), and every other count fails (piecewise: a BoundaryError blaming the residual and advising 'gather' or "
+    "'sharded' even under those; full_graph: a raw AssertionError 'expected size 2==3')"
+)
+
+
+@pytest.mark.filterwarnings(FAKE_GROUP_WARNING)
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUG_TP_PLUS_ONE)
+def test_known_bug_an_sp_range_ending_at_tp_plus_one_serves_only_that_count():
+    """Found by the long profile. Once fixed, this passes (strict xfail fails) and the generator's exclusion goes."""
+    base = next(c for c in CI_CASES if (c.boundary, c.compile_mode) == ("sharded", "piecewise"))
+    case = dataclasses.replace(base, async_tp_min_tokens=1, max_num_tokens=base.tp + 1, token_counts=(2, 3))
+    check_traced(case)
 
 
 # ---------------------------------------------------------------------------------------------------------------
