@@ -493,9 +493,8 @@ KNOWN_BUG_TP_PLUS_ONE = (
 
 
 @pytest.mark.filterwarnings(FAKE_GROUP_WARNING)
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUG_TP_PLUS_ONE)
-def test_known_bug_an_sp_range_ending_at_tp_plus_one_serves_only_that_count():
-    """Found by the long profile. Once fixed, this passes (strict xfail fails) and the generator's exclusion goes."""
+def test_an_sp_range_ending_at_tp_plus_one_serves_every_count():
+    """Found by the long profile (was: the artifact was specialised to N = tp + 1; see KNOWN_BUG_TP_PLUS_ONE)."""
     base = next(c for c in CI_CASES if (c.boundary, c.compile_mode) == ("sharded", "piecewise"))
     case = dataclasses.replace(base, async_tp_min_tokens=1, max_num_tokens=base.tp + 1, token_counts=(2, 3))
     check_traced(case)

@@ -186,8 +186,11 @@ def _range_inputs(
 
     if isinstance(old_size, int):  # Dynamo specialised this graph (1 token): nothing symbolic to re-hint
         return example_inputs, fake_mode
-    lo, hi = max(rng.lo, 2), rng.hi
-    hint = min(hi, max(lo, 61))  # odd and > any tp: no degenerate shard sizes at the hint
+    # The symbol's bounds only inform Inductor; widening the top keeps tiny ranges (e.g. [2, tp + 1]) from
+    # being specialised to one size, and lets the hint sit where no shard size is degenerate.
+    lo = max(rng.lo, 2)
+    hi = max(rng.hi, lo + 64)
+    hint = max(lo, 61)  # odd and > any tp
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
     new_token = mode.from_tensor(
         torch.empty((hint, *token.shape[1:]), dtype=token.dtype, device="meta"),
