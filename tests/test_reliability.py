@@ -86,6 +86,11 @@ LEDGER: collections.Counter = collections.Counter()
 """faults_injected, bad_inputs, rows_before_faults, rows_lost: the figures of the closing note."""
 
 
+def _unclear(owner: str, why: str):
+    """A known-unclear error elsewhere in sp_lab: a strict xfail, so the fix turns it into a failure to remove."""
+    return pytest.mark.xfail(strict=True, reason=f"{owner}: {why} (reported to the lead)")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def print_figures():
     yield
@@ -433,9 +438,32 @@ def test_a_malicious_pickle_checkpoint_is_refused_alone_and_ignored_beside_safet
     # A pickle renamed to .safetensors fails in the safetensors header parser, never in pickle.
     (pickled / "model.safetensors").write_bytes(payload)
     LEDGER["bad_inputs"] += 1
-    with pytest.raises(Exception, match=r"(?i)safetensors|header"):
+    with pytest.raises(Exception, match=r"deserializing header"):
         sp_lab.models.build(str(pickled))
     assert not marker.exists()
+
+
+TINY_HF_CONFIG = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "num_key_value_heads": 2, "vocab_size": 64, "model_type": "llama"}  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_safetensors"])
+@_unclear(
+    "sp_lab/models/checkpoint.py",
+    "safetensors' own SafetensorError ('Error while deserializing header: ...') reaches the caller, naming "
+    "neither the file nor the likely cause; a CheckpointError naming it would match the other checkpoint errors",
+)
+def test_a_damaged_safetensors_file_is_named(tmp_path, damage):
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_HF_CONFIG))
+    weights = tmp_path / "model.safetensors"
+    save_file({"model.embed_tokens.weight": torch.zeros(64, 32)}, str(weights))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"PK\x03\x04 a zip, not safetensors")
+    LEDGER["bad_inputs"] += 1
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        sp_lab.models.build(str(tmp_path))
 
 
 CODE = "__import__('os').system('touch /tmp/sp_lab_rule_was_executed')"
@@ -538,10 +566,6 @@ def test_malformed_compile_report_names_the_field(doc, message):
     LEDGER["bad_inputs"] += 1
     with pytest.raises(ReportError, match=message):
         CompileReport.from_dict(doc)
-
-
-def _unclear(owner: str, why: str):
-    return pytest.mark.xfail(strict=True, reason=f"{owner}: {why} (reported to the lead)")
 
 
 BINARY_IS_DECODED_FIRST = "reads the file as UTF-8 before parsing: a raw UnicodeDecodeError, no mention of JSON"
