@@ -14,6 +14,7 @@ Fused ops: on CUDA PyTorch's symmetric-memory kernels, elsewhere sp_lab's CPU op
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -89,6 +90,15 @@ def _mm_in_match(match: Match) -> fx.Node | None:
     return next((n for n in match.nodes if n.target is aten.mm.default), None)
 
 
+def _replace_with_fused(match: Match, a: fx.Node, b: fx.Node, *, emit) -> None:
+    """Put ``emit(builder, a, b)`` where the matched sub-graph's output was and erase the match."""
+    out = match.output_node()
+    with out.graph.inserting_before(out):
+        result = emit(GraphBuilder(out.graph), a, b)
+    out.replace_all_uses_with(result)
+    match.erase_nodes()
+
+
 def _build_patterns(tp_size: int, group_name: str, use_symm_mem: bool, gate: _Gate) -> PatternMatcherPass:
     """The two fusions as graph patterns with hand-written replacements.
 
@@ -112,31 +122,24 @@ def _build_patterns(tp_size: int, group_name: str, use_symm_mem: bool, gate: _Ga
         ),
     )
 
-    @register_graph_pattern(ag_mm, extra_check=lambda m: gate("all_gather_matmul", _mm_in_match(m)), pass_dict=patterns)
-    def _fuse_all_gather_matmul(match: Match, a: fx.Node, b: fx.Node) -> None:
-        out = match.output_node()
-        build = GraphBuilder(out.graph)
-        with out.graph.inserting_before(out):
-            if use_symm_mem:
-                fused = build.call(torch.ops.symm_mem.fused_all_gather_matmul.default, a, [b], 0, group_name)
-                result = build.call(operator.getitem, build.call(operator.getitem, fused, 1), 0)
-            else:
-                result = build.call(torch.ops.sp_lab.fused_all_gather_matmul.default, a, b, group_name, tp_size)
-        out.replace_all_uses_with(result)
-        match.erase_nodes()
+    def emit_all_gather_matmul(build: GraphBuilder, a: fx.Node, b: fx.Node) -> fx.Node:
+        if use_symm_mem:
+            fused = build.call(torch.ops.symm_mem.fused_all_gather_matmul.default, a, [b], 0, group_name)
+            return build.call(operator.getitem, build.call(operator.getitem, fused, 1), 0)
+        return build.call(torch.ops.sp_lab.fused_all_gather_matmul.default, a, b, group_name, tp_size)
 
-    @register_graph_pattern(mm_rs, extra_check=lambda m: gate("matmul_reduce_scatter", _mm_in_match(m)), pass_dict=patterns)
-    def _fuse_matmul_reduce_scatter(match: Match, a: fx.Node, b: fx.Node) -> None:
-        out = match.output_node()
-        build = GraphBuilder(out.graph)
-        with out.graph.inserting_before(out):
-            if use_symm_mem:
-                op = torch.ops.symm_mem.fused_matmul_reduce_scatter.default
-                result = build.call(op, a, b, "sum", 0, group_name)
-            else:
-                result = build.call(torch.ops.sp_lab.fused_matmul_reduce_scatter.default, a, b, group_name, tp_size)
-        out.replace_all_uses_with(result)
-        match.erase_nodes()
+    def emit_matmul_reduce_scatter(build: GraphBuilder, a: fx.Node, b: fx.Node) -> fx.Node:
+        if use_symm_mem:
+            return build.call(torch.ops.symm_mem.fused_matmul_reduce_scatter.default, a, b, "sum", 0, group_name)
+        return build.call(torch.ops.sp_lab.fused_matmul_reduce_scatter.default, a, b, group_name, tp_size)
+
+    for pattern, name, emit in (
+        (ag_mm, "all_gather_matmul", emit_all_gather_matmul),
+        (mm_rs, "matmul_reduce_scatter", emit_matmul_reduce_scatter),
+    ):
+        register_graph_pattern(
+            pattern, extra_check=lambda m, name=name: gate(name, _mm_in_match(m)), pass_dict=patterns
+        )(functools.partial(_replace_with_fused, emit=emit))
 
     return patterns
 
