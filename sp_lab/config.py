@@ -2,7 +2,7 @@
 config's JSON and vLLM forms.
 
 The requested and the effective configuration are kept apart on purpose: vLLM once echoed
-``fuse_gemm_comms=true`` and then ran with it off, silently (BACKGROUND section 6). Here
+``fuse_gemm_comms=true`` and then ran with it off, silently (docs/vllm-config.md). Here
 :func:`enable_sp_and_async_tp` returns what will run, with one reason for every requested feature it
 dropped or changed, and the compile report shows both side by side.
 
@@ -403,7 +403,7 @@ def export_tuned_config(
 def vllm_sp_min_token_num(
     hidden_size: int, dtype_bytes: int, tp_size: int, device_capability: tuple[int, int] = (9, 0)
 ) -> int | None:
-    """vLLM's default SP token threshold (BACKGROUND section 3), for comparison with a tuned one.
+    """vLLM's default SP token threshold (docs/thresholds.md), for comparison with a tuned one.
 
     ``min_tokens = MB * tp * 2**20 // (hidden * bytes)``: SP turns on once one rank's share of the
     activation reaches MB MiB, with MB = 8 on Hopper (sm90) and 32 on Blackwell (sm100). Returns

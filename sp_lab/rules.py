@@ -2,7 +2,7 @@
 
 AsyncTP replaces ``all_gather -> mm`` and ``mm -> reduce_scatter`` with fused kernels that split the
 token dimension into ``tp`` chunks. That pays only when the communication it hides outweighs the cost
-of running ``tp`` small matmuls instead of one (BACKGROUND section 3: 8.5x slower at 8 tokens, break-even
+of running ``tp`` small matmuls instead of one (docs/measured-h200.md: 8.5x slower at 8 tokens, break-even
 only near thousands of tokens on an H200). Whether it pays depends on the matmul's shape, so the
 compiler asks a :class:`MatmulRule` once per candidate matmul.
 

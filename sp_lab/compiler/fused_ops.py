@@ -2,7 +2,7 @@
 
 On CUDA the pass emits PyTorch's symmetric-memory kernels (``torch.ops.symm_mem.fused_all_gather_matmul`` and
 ``torch.ops.symm_mem.fused_matmul_reduce_scatter``), which pipeline chunk matmuls with peer-to-peer copies over
-NVLink. Those kernels have no CPU implementation (BACKGROUND.md section 5), so for gloo ranks this module
+NVLink. Those kernels have no CPU implementation (docs/sp-and-async-tp.md), so for gloo ranks this module
 registers two ops of its own with the same semantics:
 
 - ``sp_lab::fused_all_gather_matmul(a [c, K], b [K, N]) -> [tp*c, N]``: ``all_gather(a, dim 0) @ b``
