@@ -25,17 +25,17 @@ calls and take the median per-call time. This module imports only torch at the t
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from sp_lab.resources import load_preset
 
 if TYPE_CHECKING:
     import polars as pl
@@ -47,8 +47,6 @@ RS_SIDE = ("o_proj", "down")
 
 #: The ``source`` label of rows that were timed on hardware (as opposed to "simulated").
 MEASURED = "measured"
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -75,14 +73,10 @@ def _spec_dims(spec: Any) -> dict[str, int]:
 
     Accepts a ``ModelSpec`` (attributes ``num_heads``/``num_kv_heads``), an HF-style dict
     (``num_attention_heads``/``num_key_value_heads``), or a preset name looked up in
-    ``data/models/<name>.json``.
+    ``sp_lab/data/models/<name>.json``.
     """
     if isinstance(spec, str):
-        path = _REPO_ROOT / "data" / "models" / f"{spec}.json"
-        if not path.exists():
-            known = sorted(p.stem for p in (path.parent.glob("*.json") if path.parent.exists() else []))
-            raise ValueError(f"unknown model preset {spec!r}; known presets in {path.parent}: {known}")
-        spec = json.loads(path.read_text())
+        spec = load_preset(spec)
     if not isinstance(spec, Mapping):
         spec = spec.to_dict() if hasattr(spec, "to_dict") else vars(spec)
     aliases = {

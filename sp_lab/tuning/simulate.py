@@ -3,7 +3,7 @@
 Until multi-GPU measurements exist, a sweep is *predicted* from two ingredients:
 
 1. **Measured single-GPU matmul times** (:class:`MatmulTable`): one H200, bf16, CUDA-graph replay,
-   shipped under ``data/h200/`` with provenance. ``mm`` rows are one ``[M, K] @ [K, N]`` matmul;
+   shipped under ``sp_lab/data/h200/`` with provenance. ``mm`` rows are one ``[M, K] @ [K, N]`` matmul;
    ``mm_chunked`` rows are the same rows split into ``tp`` chunks, which is what a ``tp``-way fused
    kernel computes (its *chunking penalty*, BACKGROUND section 3). Where no chunked row was measured
    for a shape, the chunked time is ``tp`` matmuls of ``M/tp`` rows read off the ``mm`` rows -- the
@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from sp_lab.resources import H200_DIR, h200_file, load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
 
 SIMULATED = "simulated"
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "h200"
-#: Measured on one H200 for this project (copy of ../shared/data/h200_gemm_chunking_tp8.json).
-CHUNKING_TP8_JSON = DATA_DIR / "gemm_chunking_tp8.json"
-#: Written by benchmarks/bench_matmul_h200.py on the H200 (present once the lead has run it).
-SINGLE_GPU_JSON = DATA_DIR / "matmul_single_gpu.json"
+#: Measured on one H200 for this project (docs/measured-h200.md).
+CHUNKING_TP8_JSON = h200_file("gemm_chunking_tp8.json")
+#: Written by benchmarks/bench_matmul_h200.py on the H200 (docs/measured-h200.md).
+SINGLE_GPU_JSON = h200_file("matmul_single_gpu.json")
 
 COLLECTIVE_FACTORS = {
     "all_reduce": lambda tp: 2 * (tp - 1) / tp,
@@ -206,11 +206,11 @@ class MatmulTable:
 
     @classmethod
     def default(cls) -> MatmulTable:
-        """The tables shipped under ``data/h200/``: the single-GPU bench output when present, plus the
+        """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, plus the
         tp=8 chunking table (both measured on one H200)."""
         paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
         if not paths:
-            raise FileNotFoundError(f"no shipped matmul tables under {DATA_DIR}; expected {CHUNKING_TP8_JSON.name}")
+            raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
         return cls.from_files(*paths)
 
 
@@ -416,7 +416,7 @@ def predict_sweep(
 
 def _num_layers(spec: Any) -> int:
     if isinstance(spec, str):
-        spec = json.loads((Path(__file__).resolve().parents[2] / "data" / "models" / f"{spec}.json").read_text())
+        spec = load_preset(spec)
     if isinstance(spec, Mapping):
         return int(spec.get("num_layers") or spec.get("num_hidden_layers") or 1)
     return int(getattr(spec, "num_layers", 1) or 1)
