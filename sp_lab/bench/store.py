@@ -37,11 +37,11 @@ from pathlib import Path
 
 import polars as pl
 
-SCHEMA_VERSION = 1
-"""Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with."""
+from sp_lab.vocabulary import SOURCES
 
-SOURCES = ("measured", "simulated", "replayed")
-"""Where a row's numbers come from. ``simulated`` rows (the what-if model) are never unlabelled."""
+SCHEMA_VERSION = 2
+"""Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with.
+Version 2 added ``ci_low_us`` / ``ci_high_us``; version-1 parts read with those columns null."""
 
 ROW_SCHEMA: dict[str, pl.DataType] = {
     # --- bookkeeping
@@ -69,6 +69,10 @@ ROW_SCHEMA: dict[str, pl.DataType] = {
     "latency_us": pl.Float64(),  # max over ranks of the per-rank median (the slowest rank bounds a TP step)
     "p10_us": pl.Float64(),
     "p90_us": pl.Float64(),
+    # 95% confidence interval of latency_us (the median), from the interleaved repetitions; null in rows
+    # written before schema version 2 and in rows without a spread (simulated)
+    "ci_low_us": pl.Float64(),
+    "ci_high_us": pl.Float64(),
     "warmup": pl.Int64(),
     "repeats": pl.Int64(),
     "timing_method": pl.String(),  # perf_counter | cuda_events | cuda_graph
@@ -94,7 +98,7 @@ ROW_SCHEMA: dict[str, pl.DataType] = {
 }
 """The fixed schema of a row. Every column but :data:`NULLABLE_COLUMNS` must be non-null."""
 
-NULLABLE_COLUMNS = frozenset({"note"})
+NULLABLE_COLUMNS = frozenset({"note", "ci_low_us", "ci_high_us"})
 
 KEY_COLUMNS = (
     "model",
@@ -143,7 +147,8 @@ def normalize_rows(rows: Sequence[Mapping[str, object]]) -> pl.DataFrame:
         unknown = sorted(set(row) - set(ROW_SCHEMA))
         if unknown:
             raise ValueError(f"row {i} has columns not in ROW_SCHEMA: {unknown}; known: {sorted(ROW_SCHEMA)}")
-        full = {"schema_version": SCHEMA_VERSION, "row_id": new_row_id(), "note": None, **row}
+        full = {"schema_version": SCHEMA_VERSION, "row_id": new_row_id(), **dict.fromkeys(NULLABLE_COLUMNS),
+                **row}
         missing = [c for c in ROW_SCHEMA if c not in NULLABLE_COLUMNS and full.get(c) is None]
         if missing:
             raise ValueError(
@@ -253,6 +258,10 @@ class SweepStore:
 
     @staticmethod
     def _dedupe(df: pl.DataFrame) -> pl.DataFrame:
+        # parts of an older schema version lack the columns added since: null, never absent
+        absent = [c for c in ROW_SCHEMA if c not in df.columns and c in NULLABLE_COLUMNS]
+        df = df.with_columns(pl.lit(None, dtype=ROW_SCHEMA[c]).alias(c) for c in absent)
+        df = df.select([c for c in ROW_SCHEMA if c in df.columns], *[c for c in df.columns if c not in ROW_SCHEMA])
         return df.unique(subset="row_id", keep="first", maintain_order=True)
 
     def read_new(self, seen: set[Path], *, skip_corrupt: bool = True) -> pl.DataFrame:
