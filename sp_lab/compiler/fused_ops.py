@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from sp_lab.distributed.collectives import all_gather_single
+
 __all__ = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter", "symm_mem_ops_available"]
 
 
@@ -42,7 +44,7 @@ def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, group_name: str, g
     rank = dist.get_rank(group)
     c = a.shape[0]
     gathered = a.new_empty((group_size * c, a.shape[1]))
-    work = dist.all_gather_into_tensor(gathered, a.contiguous(), group=group, async_op=True)
+    work = all_gather_single(gathered, a.contiguous(), group=group, async_op=True)
     out = a.new_empty((group_size * c, b.shape[1]))
     torch.mm(a, b, out=out[rank * c : (rank + 1) * c])
     work.wait()

@@ -223,6 +223,8 @@ def _unfused_impl(group: Any, tp: int) -> FusedMatmul:
     """all_gather -> mm, or mm -> reduce_scatter, on ``group``; a plain mm when there is no peer."""
     import torch.distributed as dist
 
+    from sp_lab.distributed.collectives import all_gather_single, reduce_scatter_single
+
     world = dist.get_world_size(group) if group is not None else 1
 
     def unfused(a: torch.Tensor, b: torch.Tensor, shape: MatmulShape) -> torch.Tensor:
@@ -230,11 +232,11 @@ def _unfused_impl(group: Any, tp: int) -> FusedMatmul:
             return a @ b
         if shape.side == "ag":
             full = a.new_empty(a.shape[0] * world, a.shape[1])
-            dist.all_gather_into_tensor(full, a, group=group)
+            all_gather_single(full, a, group=group)
             return full @ b
         out = a @ b
         shard = out.new_empty(out.shape[0] // world, out.shape[1])
-        dist.reduce_scatter_tensor(shard, out, group=group)
+        reduce_scatter_single(shard, out, group=group)
         return shard
 
     return unfused
