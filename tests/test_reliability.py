@@ -70,6 +70,7 @@ from sp_lab.bench.sweep import launch_sweep
 from sp_lab.compiler.report import CompileReport, ReportError
 from sp_lab.config import ConfigError, LabConfig
 from sp_lab.distributed.launch import LaunchTimeout, RankError
+from sp_lab.jsonfile import read_json
 from sp_lab.models.checkpoint import CheckpointError
 from sp_lab.rules import MatmulRule, RuleError
 from sp_lab.viz.graph import load_report
@@ -572,12 +573,14 @@ BINARY_IS_DECODED_FIRST = "reads the file as UTF-8 before parsing: a raw Unicode
 NOT_JSON_CASES = [
     pytest.param(reader, content, marks=[_unclear(owner, BINARY_IS_DECODED_FIRST)] if content == "binary" else [])
     for reader, owner in [
-        ("LabConfig.from_json", "sp_lab/config.py _read_json_text"),
-        ("MatmulRule.from_json", "sp_lab/rules.py from_json"),
+        ("LabConfig.from_json", None),
+        ("MatmulRule.from_json", None),
         ("CompileReport.from_json", "sp_lab/compiler/report.py from_json"),
     ]
     for content in ("binary", "truncated", "empty", "array")
-] + [
+    if owner or content != "binary"
+] + [pytest.param(reader, content) for reader in ("LabConfig.from_json", "MatmulRule.from_json")
+     for content in ("binary",)] + [
     pytest.param("viz.graph.load_report", content, marks=_unclear("sp_lab/viz/graph.py load_report", why))
     for content, why in [
         ("binary", BINARY_IS_DECODED_FIRST),
@@ -604,15 +607,41 @@ def test_a_file_that_is_not_a_json_object_gets_a_clear_error(tmp_path, reader, c
     # Clear: sp_lab's own words about JSON or what was expected, not a decoder's internals.
     assert not isinstance(error, (UnicodeDecodeError, json.JSONDecodeError)), repr(error)
     assert re.search(r"JSON|expected", str(error)), str(error)
+    if content != "array" and reader in ("LabConfig.from_json", "MatmulRule.from_json"):
+        assert path.name in str(error), str(error)  # which of the files you were sent is broken
 
 
-def test_pickle_or_binary_text_passed_as_config_text_is_not_taken_for_json(canary):
-    payload, marker = canary
-    for text in (payload.decode("latin-1"), "\x00\x01\x02", "[1, 2]"):
+def test_the_json_reader_says_what_a_file_is_not(tmp_path):
+    """sp_lab.jsonfile.read_json, behind every config and rule loader: one message per way a file is not JSON."""
+    cases = {
+        "binary": (CONTENTS["binary"], r"not UTF-8 text: byte 0x80 at offset 0; a pickle, a zip"),
+        "truncated": (CONTENTS["truncated"], r"not valid JSON \(.* at line 1 column \d+; the text ends early"),
+        "empty": (CONTENTS["empty"], r"empty, not valid JSON"),
+        "garbled": (b'{"tp_size": 2,, }', r"not valid JSON \(Expecting property name"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(content)
         LEDGER["bad_inputs"] += 1
-        # Text that does not start with "{" is taken for a path, which does not exist: said so, nothing parsed.
-        with pytest.raises(FileNotFoundError, match="no such config file"):
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: .*{message}"):
+            read_json(path, what="config")
+    assert read_json(' [1, {"a": 2}]', what="rule") == [1, {"a": 2}]  # text is parsed, never opened
+
+
+def test_pickle_or_binary_text_passed_as_config_text_is_not_taken_for_json_or_a_path(canary, tmp_path):
+    payload, marker = canary
+    for text in (payload.decode("latin-1"), "\x00\x01\x02", "tp_size: 2\nenable_sp: true"):
+        LEDGER["bad_inputs"] += 1
+        # Control characters or line breaks: no file name looks like that, so it is not looked up as one.
+        with pytest.raises(ConfigError, match=r"config: .* is neither JSON text \(which starts with '\{'\) nor the path"):
             LabConfig.from_json(text)
+    LEDGER["bad_inputs"] += 1
+    with pytest.raises(ConfigError, match="config: expected a JSON object, got list"):
+        LabConfig.from_json("[1, 2]")  # JSON text, just not an object
+    LEDGER["bad_inputs"] += 1
+    missing = str(tmp_path / "tuned.json")
+    with pytest.raises(FileNotFoundError, match=f"no such config file: '{re.escape(missing)}'"):
+        LabConfig.from_json(missing)  # a plausible path that does not exist is named as one
     assert not marker.exists()
 
 
