@@ -65,7 +65,15 @@ from test_store import make_row
 from test_sweep import StandInCompiled, stand_in_build
 
 import sp_lab
-from sp_lab.bench.store import KEY_COLUMNS, QUARANTINE_DIR, CorruptPartError, SweepStore, normalize_rows
+from sp_lab.bench.store import (
+    KEY_COLUMNS,
+    QUARANTINE_DIR,
+    ROW_SCHEMA,
+    CorruptPartError,
+    ForeignPartError,
+    SweepStore,
+    normalize_rows,
+)
 from sp_lab.bench.sweep import launch_sweep
 from sp_lab.compiler.report import CompileReport, ReportError
 from sp_lab.config import ConfigError, LabConfig
@@ -664,37 +672,35 @@ FOREIGN_PARTS = {
 
 
 @pytest.mark.parametrize("kind", list(FOREIGN_PARTS))
-@_unclear(
-    "sp_lab/bench/store.py SweepStore.read",
-    "parts are concatenated with how='diagonal_relaxed' and never checked against ROW_SCHEMA: an unknown column "
-    "is added to every row, a string num_tokens turns the whole column (and resume keys) into strings, missing "
-    "columns become null keys",
-)
 def test_a_store_part_with_a_foreign_schema_is_named(tmp_path, kind):
     good = normalize_rows([make_row(2)])
     store, foreign = _store_with_foreign_part(tmp_path, FOREIGN_PARTS[kind](good))
     LEDGER["bad_inputs"] += 1
-    with pytest.raises((CorruptPartError, ValueError), match=re.escape(foreign.name)):
+    differing = {"unknown_column": r"unknown columns \['injected'\]",
+                 "num_tokens_as_string": r"num_tokens is String, expected Int64",
+                 "required_columns_missing": r"missing columns \['schema_version', 'sweep_id'"}[kind]
+    with pytest.raises(ForeignPartError, match=rf"{re.escape(foreign.name)} .*{differing}"):
         store.read()
+    with pytest.warns(UserWarning, match=re.escape(foreign.name)):
+        rows = store.read(skip_corrupt=True)  # quarantined; the store's own rows read as before
+    assert rows.height == 1 and (store.path / QUARANTINE_DIR / foreign.name).exists()
+    assert rows.schema == pl.Schema(ROW_SCHEMA)
 
 
 @pytest.mark.parametrize(
-    ("column", "value"),
+    ("column", "value", "message"),
     [
-        pytest.param("latency_us", "fast", marks=_unclear("sp_lab/bench/store.py normalize_rows",
-                                                          "polars' ComputeError names neither the row nor the column")),
-        pytest.param("enable_sp", "yes", marks=_unclear("sp_lab/bench/store.py normalize_rows",
-                                                        "polars' ComputeError names neither the row nor the column")),
-        pytest.param("tp", 2.5, marks=_unclear("sp_lab/bench/store.py normalize_rows",
-                                               "2.5 is silently truncated to tp=2")),
-        pytest.param("num_tokens", "8", marks=_unclear("sp_lab/bench/store.py normalize_rows",
-                                                       "the string '8' is silently parsed")),
+        ("latency_us", "fast", r"row 0: column 'latency_us' holds str 'fast'; it takes a number"),
+        ("enable_sp", "yes", r"row 0: column 'enable_sp' holds str 'yes'; it takes True or False"),
+        ("tp", 2.5, r"row 0: column 'tp' holds float 2.5; it takes an int"),  # never truncated to 2
+        ("num_tokens", "8", r"row 0: column 'num_tokens' holds str '8'; it takes an int"),  # never parsed
+        ("tp", True, r"row 0: column 'tp' holds bool True; it takes an int"),
     ],
-)  # fmt: skip
-def test_a_row_of_the_wrong_type_is_refused_naming_row_and_column(column, value):
+)
+def test_a_row_of_the_wrong_type_is_refused_naming_row_column_and_value(column, value, message):
     LEDGER["bad_inputs"] += 1
-    with pytest.raises(ValueError, match=rf"row 0.*{column}|{column}.*row 0"):
-        normalize_rows([make_row(**{column: value})])
+    with pytest.raises(ValueError, match=message):
+        normalize_rows([{**make_row(), column: value}])
 
 
 # ---------------------------------------------------------------------------------------------------------------
