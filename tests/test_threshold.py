@@ -78,7 +78,7 @@ def test_missing_variant_is_an_error():
 
 
 def test_vllm_reference_matches_background_numbers():
-    # BACKGROUND section 3: Llama-70B bf16 on Hopper -> 1024 / 2048 / 4096 tokens at TP 2 / 4 / 8.
+    # docs/thresholds.md: Llama-70B bf16 on Hopper -> 1024 / 2048 / 4096 tokens at TP 2 / 4 / 8.
     assert [vllm_reference_threshold(8192, 2, tp) for tp in (2, 4, 8)] == [1024, 2048, 4096]
     assert vllm_reference_threshold(4096, 2, 2) is None  # SP off below hidden 8192
     assert vllm_reference_threshold(8192, 2, 8, (10, 0)) == 4 * 4096

@@ -11,7 +11,7 @@ Rows whose fusion was expected but did not fire (``fusion_missing``) time a diff
 the one their label names, so they are dropped from ``sp+async_tp`` with a warning. Measured and
 simulated rows are never mixed: pass ``source=`` to pick one when a frame holds both.
 
-vLLM's own rule (bytes per GPU, BACKGROUND section 3) is available as a reference line via
+vLLM's own rule (bytes per GPU, docs/thresholds.md) is available as a reference line via
 :func:`vllm_reference_threshold`.
 """
 

@@ -5,7 +5,7 @@ columns in :data:`SWEEP_COLUMNS`) into plain series, threshold markers and a reg
 :func:`build_latency_figure` draws them; :func:`plot_latency` is the thin public entry point and
 :func:`update_latency_figure` refreshes a live ``FigureWidget`` as new rows are measured.
 
-Drawing rules (they exist because each one hid a wrong conclusion before, BACKGROUND.md 4):
+Drawing rules (they exist because each one hid a wrong conclusion before, docs/thresholds.md):
 
 - a row whose fusion did not fire (``fusion_missing``) is drawn as its own hollow-marker series
   "<variant> (fusion did not fire)" and never as the variant it claims to be;

@@ -14,7 +14,7 @@ Two layers, so that everything but the drawing is testable without a browser:
 Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
-recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data in ``data/h200``
+recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data in ``sp_lab/data/h200``
 (``source="simulated"``, labelled so everywhere).
 
     import sp_lab
@@ -135,7 +135,7 @@ class TunerState:
 
         ``source``: a sweep store directory, a ``.parquet`` file or a DataFrame of sweep rows. ``None``
         uses the what-if model's prediction for this model and tp from the measured H200 matmul data
-        (``data/h200``): the only GPU data shipped with sp_lab until multi-GPU sweeps are recorded.
+        (``sp_lab/data/h200``): the only GPU data shipped with sp_lab until multi-GPU sweeps are recorded.
         """
         if source is None:
             rows = simulated_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
