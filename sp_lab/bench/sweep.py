@@ -466,7 +466,7 @@ def _default_compile(model: torch.nn.Module, config: Any) -> Any:
 # ---------------------------------------------------------------------------------------------- launching
 def _check_model_for_world(model_name: str, world_size: int, kwargs: Mapping[str, Any]) -> None:
     """What every rank would refuse, refused once here: a tp_size that is not the world size, an unknown
-    model name, a model whose heads or widths ``world_size`` does not divide (a meta-device build: no weights)."""
+    model name, a model whose heads or widths ``world_size`` does not divide."""
     tp_size = kwargs.get("tp_size")
     if tp_size is not None and tp_size != world_size:
         raise ValueError(
@@ -474,8 +474,10 @@ def _check_model_for_world(model_name: str, world_size: int, kwargs: Mapping[str
             f"pass world_size={tp_size}"
         )
     if kwargs.get("build_fn") is None:
-        _default_build(model_name, tp_size=world_size, num_layers=kwargs.get("num_layers"), device="meta",
-                       **dict(kwargs.get("model_overrides") or {}))
+        from sp_lab.models.registry import resolve_config
+
+        overrides = dict(kwargs.get("model_overrides") or {})
+        resolve_config(model_name, num_layers=kwargs.get("num_layers"), **overrides).check_tp_size(world_size)
 
 
 def launch_sweep(
