@@ -210,16 +210,20 @@ def _caller_custom_ops() -> list[CustomOpDefinition]:
 
 
 _REGISTERED_AT = re.compile(r"debug: registered at (.*):\d+")
+_QUALNAME = re.compile(r"^\w+::\w+$")
 
 
-def _low_level_caller_ops() -> dict[str, str]:
-    """Ops defined with ``torch.library.Library`` in the caller's ``__main__``: qualname -> where."""
+def _low_level_caller_ops(names: set[str]) -> dict[str, str]:
+    """Ops the job's code mentions (``names``) that were defined with ``torch.library.Library`` in the
+    caller's ``__main__``: qualname -> where."""
     from torch._library.custom_ops import OPDEFS
 
     main = sys.modules.get("__main__")  # also registered as "__mp_main__" once multiprocessing is imported
     module_files = {getattr(m, "__file__", None) for m in list(sys.modules.values()) if m is not main}
     found = {}
     for qualname in sorted(torch.library._defs - set(OPDEFS)):
+        if not _QUALNAME.match(qualname) or not _referenced(qualname, names):
+            continue
         where = _REGISTERED_AT.search(torch._C._dispatch_dump(qualname))
         if where and where.group(1) not in module_files:
             found[qualname] = where.group(1)
@@ -269,14 +273,13 @@ def serialise_job(job: Job) -> bytes:
             "Arguments must be picklable: pass data (tensors, numbers, configs), not open files, locks "
             "or process groups, and create such things inside the function."
         ) from error
-    for qualname, where in _low_level_caller_ops().items():
-        if _referenced(qualname, names):
-            raise TypeError(
-                f"the launched function uses the custom op {qualname!r}, defined with torch.library.Library "
-                f"in {where}, which the ranks never run, so the op would not exist there. Define it with "
-                f"@torch.library.custom_op({qualname!r}, mutates_args=...) (sp_lab.launch re-creates those in "
-                "every rank), or move its definition into a module file that the function imports."
-            )
+    for qualname, where in _low_level_caller_ops(names).items():
+        raise TypeError(
+            f"the launched function uses the custom op {qualname!r}, defined with torch.library.Library "
+            f"in {where}, which the ranks never run, so the op would not exist there. Define it with "
+            f"@torch.library.custom_op({qualname!r}, mutates_args=...) (sp_lab.launch re-creates those in "
+            "every rank), or move its definition into a module file that the function imports."
+        )
     definitions = _caller_custom_ops()
     for definition in definitions:
         try:
