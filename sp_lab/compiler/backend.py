@@ -124,20 +124,28 @@ class CompiledModel:
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        num_tokens = tokens.shape[0]
+        dim = self.config.token_dim
+        if tokens.dim() <= dim:
+            raise ValueError(
+                f"token_dim={dim} but the first argument has shape {tuple(tokens.shape)}: set LabConfig.token_dim "
+                "to the dimension that holds the tokens (0 for [N] / [N, H], 1 for [batch=1, N])"
+            )
+        num_tokens = tokens.shape[dim]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
         padded = self._capture_size(num_tokens)
         self.at_capture_size = padded in self._capture_sizes
         if padded != num_tokens:
             # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
-            tokens = torch.cat([tokens, tokens.new_zeros((padded - num_tokens, *tokens.shape[1:]))])
-        if tokens.shape[0] > 1:
+            pad_shape = list(tokens.shape)
+            pad_shape[dim] = padded - num_tokens
+            tokens = torch.cat([tokens, tokens.new_zeros(pad_shape)], dim=dim)
+        if tokens.shape[dim] > 1:
             # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
-            torch._dynamo.maybe_mark_dynamic(tokens, 0)
+            torch._dynamo.maybe_mark_dynamic(tokens, dim)
         with torch.no_grad():
             out = self._dynamo(tokens, *args, **kwargs)
         if self.effective.cudagraphs:
-            out = out[:num_tokens].clone()  # the graph's output buffer is reused by the next replay
+            out = out.narrow(dim, 0, num_tokens).clone()  # the graph's output buffer is reused by the next replay
         return out
 
     def _capture_size(self, num_tokens: int) -> int:
@@ -156,7 +164,7 @@ class CompiledModel:
         artifacts: dict[int, Callable] = {}
 
         def dispatch(*args: Any) -> Any:
-            num_tokens = args[token_index].shape[0]
+            num_tokens = args[token_index].shape[self.config.token_dim]
             index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
             if index not in artifacts:
                 compiler = _RangeCompiler(self, index, gm, example_inputs, fake_mode, token_index)
@@ -167,7 +175,8 @@ class CompiledModel:
 
 
 def _range_inputs(
-    example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode, *, inspect_only: bool = False
+    example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode, *, inspect_only: bool = False,
+    token_dim: int = 0,
 ) -> tuple[list, Any]:
     """Fresh fake inputs for one range: the token count is a new symbol bounded to ``[lo, hi]``.
 
@@ -177,7 +186,7 @@ def _range_inputs(
     checked. Tracing each range with its own bounded symbol and a hint inside the range avoids both.
     """
     token = example_inputs[token_index]
-    old_size = token.shape[0]
+    old_size = token.shape[token_dim]
 
     def device(x: torch.Tensor) -> torch.device:
         # A meta-device model is traced as if on the CPU (fake tensors allocate nothing either way): Inductor's
@@ -192,14 +201,16 @@ def _range_inputs(
     hi = max(rng.hi, lo + 64)
     hint = max(lo, 61)  # odd and > any tp
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+    shape = list(token.shape)
+    shape[token_dim] = hint
     new_token = mode.from_tensor(
-        torch.empty((hint, *token.shape[1:]), dtype=token.dtype, device="meta"),
+        torch.empty(shape, dtype=token.dtype, device="meta"),
         symbolic_context=StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (token.dim() - 1)
+            dynamic_sizes=[DimDynamic.DYNAMIC if d == token_dim else DimDynamic.STATIC for d in range(token.dim())]
         ),
         source=ConstantSource("sp_lab_num_tokens"),
     )
-    symbol = new_token.shape[0]
+    symbol = new_token.shape[token_dim]
     mode.shape_env.constrain_symbol_range(symbol.node.expr, compiler_min=lo, compiler_max=hi)
     inputs = []
     for i, x in enumerate(example_inputs):
@@ -214,11 +225,24 @@ def _range_inputs(
                     f"graph input {i} has a symbolic shape {tuple(x.shape)} besides the token input; sp_lab "
                     "compiles one symbolic token dimension per range"
                 )
-            with mode:
-                inputs.append(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x)))
+            inputs.append(_fresh_fake(x, mode, device))
         else:
             inputs.append(x)
     return inputs, mode
+
+
+def _fresh_fake(x: torch.Tensor, mode: FakeTensorMode, device: Callable) -> torch.Tensor:
+    """A fake tensor of ``mode`` like ``x``; a DTensor stays a DTensor (its local shard made fresh), so the
+    graph keeps the subclass that plain ``torch.compile`` sees and AOT autograd desugars it to aten."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x, DTensor):
+        local = _fresh_fake(x._local_tensor, mode, device)
+        with mode:
+            return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                      stride=x.stride())
+    with mode:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x))
 
 
 def _token_input_index(gm: fx.GraphModule, arg_name: str) -> int:
@@ -263,7 +287,8 @@ class _RangeCompiler:
         if self.inspect_only:
             self.gm_to_run, self.gm = gm, _meta_devices_to_cpu(gm)
         self.example_inputs, self.fake_mode = _range_inputs(
-            example_inputs, token_index, self.range, fake_mode, inspect_only=owner.inspect_only
+            example_inputs, token_index, self.range, fake_mode, inspect_only=owner.inspect_only,
+            token_dim=self.config.token_dim,
         )
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
@@ -319,6 +344,7 @@ class _RangeCompiler:
             rule=self.config.heuristic,
             heuristic_default=self.config.heuristic_default,
             splitting_ops=self.splitting_ops,
+            token_dim=self.config.token_dim,
         )
 
     def _inductor(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> tuple[Callable, bool]:
@@ -365,6 +391,7 @@ class _RangeCompiler:
                 rank=self.rank,
                 group_name=self.group_name,
                 policy=policy_for("whole_graph"),
+                token_dim=self.config.token_dim,
             )
             aten_gm.recompile()
             self._whole_graph_sp = sp
@@ -444,7 +471,7 @@ class _RangeCompiler:
             PieceCompiler(split.module).run(*fake_inputs)
         self.report.pieces = records
         token_node = [n for n in split.module.graph.nodes if n.op == "placeholder"][self.token_index]
-        return compiled, values, values[token_node].shape[0]
+        return compiled, values, values[token_node].shape[self.config.token_dim]
 
     def _compile_piece(self, submod, args, index, name, *, sp: bool, policy: str):
         fingerprint = structural_fingerprint(submod, args)

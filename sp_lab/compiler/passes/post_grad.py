@@ -78,6 +78,7 @@ class SpLabPostGradPass(CustomGraphPass):
     rule: MatmulRule | None = None
     heuristic_default: str = "fuse"
     splitting_ops: frozenset[str] = frozenset()
+    token_dim: int = 0
     observation: PieceObservation = field(default_factory=PieceObservation)
 
     def __call__(self, graph: fx.Graph) -> None:
@@ -90,7 +91,8 @@ class SpLabPostGradPass(CustomGraphPass):
         group = self.group_name
         if self.enable_sp:
             sp = apply_sequence_parallel(
-                graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=policy_for(self.boundary)
+                graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=policy_for(self.boundary),
+                token_dim=self.token_dim,
             )
             obs.matches.update({f"sp_{form}": sp.count(form) for form in ("first", "middle", "last")})
             obs.matches["boundary_gather"] = len(sp.boundary.gathered_outputs) + len(sp.boundary.gathered_copies)
@@ -126,6 +128,7 @@ class SpLabPostGradPass(CustomGraphPass):
         settings = (
             self.tp_size, self.rank, self.group_name, self.enable_sp, self.enable_async_tp, self.boundary,
             self.m_low, self.use_symm_mem, self.rule.uuid() if self.rule else None, self.heuristic_default,
+            self.token_dim,
         )
         h.update(repr(settings).encode())
         return h.hexdigest()
