@@ -8,7 +8,8 @@
 
 Plans: ``tp`` (Colwise/Rowwise, PrepareModuleInput/Output; DTensor all_reduces that sp_lab's SP rewrites),
 ``tp_dtensor_ffn`` (the same with ``use_local_output=False`` in the FFN), ``titan_sp`` (torchtitan's plan with
-``SequenceParallel``: DTensor's own all_gather / reduce_scatter, which SP must leave alone).
+``SequenceParallel``: DTensor's own all_gather / reduce_scatter, which SP must leave alone; full-graph only:
+piecewise, PyTorch cannot compile its ``Shard(1)`` sizes for a symbolic token count).
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ def _tokens(n: int) -> torch.Tensor:
 
 # Every mode on the main plan; the use_local_output=False plan once. The SP range only, except one check below it.
 FAKE_CASES = [("tp", b, m) for b, m in MODES] + [("tp_dtensor_ffn", "sharded", "piecewise")]
+SP_PLAN_CASE = ("titan_sp", "sharded", "full_graph")
 
 
 @pytest.fixture(scope="module")
 def fake() -> dict[str, Any]:
     results = {}
     with fake_process_group(TP):
-        models = {plan: parallel_titan(plan, TP) for plan in ("tp", "tp_dtensor_ffn")}
-        for plan, boundary, mode in FAKE_CASES:
+        models = {plan: parallel_titan(plan, TP) for plan in ("tp", "tp_dtensor_ffn", "titan_sp")}
+        for plan, boundary, mode in [*FAKE_CASES, SP_PLAN_CASE]:
             torch._dynamo.reset()
             compiled = sp_lab.compile(models[plan], config(boundary, mode), inspect_only=True)
             counts = (12, 4) if (plan, boundary, mode) == ("tp", "sharded", "piecewise") else (12,)
@@ -83,11 +85,26 @@ def test_below_the_threshold_dtensor_keeps_its_all_reduces(fake):
     assert rewrites == 0 and counts["all_reduce"] == 4 and counts["fused_matmul_reduce_scatter"] == 0, counts
 
 
+def test_a_plan_with_sequence_parallel_is_not_rewritten_again(fake):
+    counts, rewrites = fake[_label(*SP_PLAN_CASE)][12]
+    # DTensor already placed reduce_scatters (embedding + 2 x 2 row-parallel layers) and all_gathers (2 x 2
+    # PrepareModuleInput + the output head): SP finds no all_reduce to rewrite and adds nothing.
+    assert rewrites == 0
+    assert counts["all_reduce"] == 0 and counts["reduce_scatter"] == 5 and counts["all_gather"] == 6, counts
+
+
+@pytest.mark.xfail(strict=True, reason="AsyncTP matches all_gather -> mm and mm -> reduce_scatter on dim 0; DTensor "
+                   "spells its Shard(1) collectives as split/cat around a dim-0 collective, which is not normalised")
+def test_a_plan_with_sequence_parallel_gets_its_collectives_fused(fake):
+    counts, _ = fake[_label(*SP_PLAN_CASE)][12]
+    assert counts["fused_all_gather_matmul"] > 0 and counts["fused_matmul_reduce_scatter"] > 0, counts
+
+
 # -- 2 gloo ranks: numerics against the unsharded model -------------------------------------------------------
 
 # (plan, boundary, mode): gather_erase equals gather here (no in-place residual), so it is checked on the fake
 # group only.
-NUMERIC_CASES = [c for c in FAKE_CASES if c[1] != "gather_erase"]
+NUMERIC_CASES = [c for c in FAKE_CASES if c[1] != "gather_erase"] + [SP_PLAN_CASE]
 COUNTS = (12, 13)
 
 
@@ -115,4 +132,4 @@ def test_compiled_dtensor_model_matches_the_unsharded_model(gloo, case):
     for rank, results in enumerate(gloo):
         got = results[_label(*case)]
         assert max(got["diffs"].values()) < 1e-4, (rank, got["diffs"])
-        assert got["fused"]
+        assert got["fused"] == (case != SP_PLAN_CASE)  # see the strict xfail above
