@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from tp_models import ATTENTION_OP, TinyTitan, parallel_titan
 
 import sp_lab
 from sp_lab.distributed.collectives import fake_process_group
-from tp_models import ATTENTION_OP, TinyTitan, parallel_titan
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
 
