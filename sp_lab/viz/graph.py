@@ -18,7 +18,6 @@ through ``torch._logging.trace_structured`` so tlparse users see the same artifa
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import warnings
 from collections import defaultdict
@@ -31,6 +30,8 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
+
+from sp_lab.compiler.report import CompileReport
 
 SCHEMA_PREFIX = "sp_lab.compile_report/"
 COLLECTIVE_KEYS = ("all_reduce", "reduce_scatter", "all_gather", "fused_all_gather_matmul",
@@ -57,16 +58,12 @@ _BOX_LINE = {"compiled": "#3b6ea5", "splitting_op": "#b07b2a", "group": "#5b8a3c
 # --------------------------------------------------------------------------------------------
 
 def load_report(path: str | Path) -> dict:
-    """Read a CompileReport saved as JSON (``report.to_json()``) and check its schema tag."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no CompileReport at {str(path)!r}; save one with "
-                                f"Path(p).write_text(compiled.report.to_json())")
-    return as_report_dict(json.loads(path.read_text()))
+    """Read a CompileReport saved as JSON (``report.to_json(path)``) through its strict loader."""
+    return as_report_dict(CompileReport.load(path))
 
 
-def as_report_dict(report: Any) -> dict:
-    """Normalise a report given as a dict, a JSON path, or an object with ``to_dict()``."""
+def as_report_dict(report: CompileReport | Mapping[str, Any] | str | Path) -> dict:
+    """Normalise a report given as a dict, a JSON path, or a :class:`CompileReport`."""
     if isinstance(report, (str, Path)):
         return load_report(report)
     if hasattr(report, "to_dict"):
