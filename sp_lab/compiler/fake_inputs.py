@@ -36,7 +36,13 @@ def range_inputs(
         return torch.device("cpu") if inspect_only and x.device.type == "meta" else x.device
 
     if isinstance(old_size, int):  # Dynamo specialised this graph (1 token): nothing symbolic to re-hint
-        return example_inputs, fake_mode
+        if not inspect_only or fake_mode is None:
+            return example_inputs, fake_mode
+        with fake_mode:  # only the devices change
+            return [
+                torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x))
+                if isinstance(x, torch.Tensor) else x for x in example_inputs
+            ], fake_mode
     # The symbol's bounds only inform Inductor; widening the top keeps tiny ranges (e.g. [2, tp + 1]) from
     # being specialised to one size, and lets the hint sit where no shard size is degenerate.
     lo = max(rng.lo, 2)
