@@ -2,7 +2,7 @@
 config's JSON and vLLM forms.
 
 The requested and the effective configuration are kept apart on purpose: vLLM once echoed
-``fuse_gemm_comms=true`` and then ran with it off, silently (BACKGROUND section 6). Here
+``fuse_gemm_comms=true`` and then ran with it off, silently (docs/vllm-config.md). Here
 :func:`enable_sp_and_async_tp` returns what will run, with one reason for every requested feature it
 dropped or changed, and the compile report shows both side by side.
 
@@ -24,6 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from sp_lab.jsonfile import read_json
 from sp_lab.rules import MatmulRule, RuleError
 from sp_lab.vllm_releases import DEFAULT_RELEASE as DEFAULT_VLLM_RELEASE
 from sp_lab.vllm_releases import release as find_vllm_release
@@ -366,11 +367,7 @@ class LabConfig:
 
 def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, Any]]:
     """Like :meth:`LabConfig.from_json`, also returning the file's ``provenance`` (``{}`` if none)."""
-    text = _read_json_text(path_or_text)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config: not valid JSON ({e})") from None
+    doc = read_json(path_or_text, what="config", error=ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(doc).__name__}")
     if "schema" not in doc:
@@ -460,7 +457,7 @@ def export_tuned_config(
 def vllm_sp_min_token_num(
     hidden_size: int, dtype_bytes: int, tp_size: int, device_capability: tuple[int, int] = (9, 0)
 ) -> int | None:
-    """vLLM's default SP token threshold (BACKGROUND section 3), for comparison with a tuned one.
+    """vLLM's default SP token threshold (docs/thresholds.md), for comparison with a tuned one.
 
     ``min_tokens = MB * tp * 2**20 // (hidden * bytes)``: SP turns on once one rank's share of the
     activation reaches MB MiB, with MB = 8 on Hopper (sm90) and 32 on Blackwell (sm100). Returns
@@ -685,15 +682,3 @@ def _diff(got: Any, want: Any, path: str):
             yield from _diff(got.get(key), want.get(key), f"{path}.{key}")
     elif got != want or type(got) is not type(want):
         yield path, got, want
-
-
-def _read_json_text(path_or_text: str | Path) -> str:
-    """JSON text from either a path or the text itself (text starts with ``{``)."""
-    if isinstance(path_or_text, str) and path_or_text.lstrip().startswith("{"):
-        return path_or_text
-    path = Path(path_or_text)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no such config file: {str(path)!r} (pass a path to an existing file or JSON text)"
-        )
-    return path.read_text()

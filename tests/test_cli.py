@@ -34,7 +34,7 @@ def _python_m_sp_lab(*args: str) -> subprocess.CompletedProcess:
 
 
 def curve_rows(**overrides) -> list[dict]:
-    """Rows of a 3-variant sweep where fusion pays from 64 tokens on (like BACKGROUND section 3)."""
+    """Rows of a 3-variant sweep where fusion pays from 64 tokens on (like docs/thresholds.md describes)."""
     rows = []
     for t in (1, 4, 16, 64, 256):
         base = 100.0 + t

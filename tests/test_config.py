@@ -399,7 +399,7 @@ def test_export_tuned_config(tmp_path):
 
 
 def test_vllm_sp_min_token_num():
-    # BACKGROUND section 3: Llama-70B (hidden 8192) bf16 on Hopper.
+    # docs/thresholds.md: Llama-70B (hidden 8192) bf16 on Hopper.
     assert [vllm_sp_min_token_num(8192, 2, tp) for tp in (2, 4, 8)] == [1024, 2048, 4096]
     assert vllm_sp_min_token_num(8192, 2, 8, device_capability=(10, 0)) == 16384  # 32 MiB on Blackwell
     assert vllm_sp_min_token_num(8192, 1, 2) == 2048  # fp8 activations: half the bytes, twice the tokens

@@ -562,6 +562,22 @@ def _default_compile(model: torch.nn.Module, config: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- launching
+def _check_model_for_world(model_name: str, world_size: int, kwargs: Mapping[str, Any]) -> None:
+    """What every rank would refuse, refused once here: a tp_size that is not the world size, an unknown
+    model name, a model whose heads or widths ``world_size`` does not divide."""
+    tp_size = kwargs.get("tp_size")
+    if tp_size is not None and tp_size != world_size:
+        raise ValueError(
+            f"tp_size={tp_size} but world_size={world_size}: TP spans the whole group; "
+            f"pass world_size={tp_size}"
+        )
+    if kwargs.get("build_fn") is None:
+        from sp_lab.models.registry import resolve_config
+
+        overrides = dict(kwargs.get("model_overrides") or {})
+        resolve_config(model_name, num_layers=kwargs.get("num_layers"), **overrides).check_tp_size(world_size)
+
+
 def launch_sweep(
     model_name: str,
     *,
@@ -588,6 +604,7 @@ def launch_sweep(
     """
     from sp_lab.distributed.launch import launch
 
+    _check_model_for_world(model_name, world_size, kwargs)
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())

@@ -4,7 +4,7 @@
   ranks start a step together (otherwise a rank that arrives late makes the others' collectives look
   slow, and the numbers measure skew rather than the step).
 - CUDA: the call is captured once into a CUDA graph and replayed, timed with CUDA events. At small
-  token counts an eager forward is bound by host launch overhead (BACKGROUND.md section 3: ~0.2-0.3 ms
+  token counts an eager forward is bound by host launch overhead (docs/measured-h200.md: ~0.2-0.3 ms
   per eager fused op), which would swamp exactly the regime the threshold is about. If capture fails
   (an op that syncs with the host, a collective backend that cannot be captured), timing falls back to
   events around eager calls and says so in ``Timing.method`` and ``Timing.note``.

@@ -109,6 +109,7 @@ def build(
     """
     cfg = resolve_config(name_or_path, num_layers=num_layers, **overrides)
     tp = TensorParallel(rank=tp_rank, size=tp_size)
+    cfg.check_tp_size(tp.size)
     _check_process_group(tp)
     model = LlamaForCausalLM(cfg, tp=tp, dtype=dtype, device=device)
     if torch.device(device).type != "meta":
