@@ -1,4 +1,4 @@
-"""SYNTHETIC CompileReport dicts, built by hand from the schema in .notes/CONTRACTS.md.
+"""SYNTHETIC CompileReport dicts, built by hand from the schema in sp_lab/compiler/report.py.
 
 Nothing here comes out of the compiler: these reports are what the compiler *should* write for a
 toy or Llama-shaped model under each boundary strategy, so that the plots and tables in
@@ -6,7 +6,7 @@ toy or Llama-shaped model under each boundary strategy, so that the plots and ta
 report says so in ``provenance["synthetic"]``. Once the compiler lands, real reports saved from it
 (``tests/data/report_toy_sharded.json``) replace these as the ground truth.
 
-What each strategy looks like here (BACKGROUND.md section 2):
+What each strategy looks like here (docs/piecewise-boundaries.md):
 
 - ``none``: SP rewrites each piece; the residual leaves piece 0 sharded but piece 2 was compiled
   for the full shape, so piece 2 fails (``assert_size_stride`` for an out-of-place residual,

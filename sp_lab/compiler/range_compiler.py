@@ -250,11 +250,14 @@ class _PieceWalk(fx.Interpreter):
         piece = self.pieces[target]
         if piece.splitting_op is not None:
             self.records.append(PieceRecord(piece.index, target, "splitting_op", op=piece.splitting_op))
-        else:
-            compiled = self.compile_piece(submod, list(args), piece.index, target)
-            self.compiled[target] = compiled.fn
-            self.records.append(compiled.record)
-        return submod(*args, **kwargs)
+            return submod(*args, **kwargs)
+        # Run the piece before compiling it: Inductor rewrites a piece that returns one value to return a list,
+        # in place, so the submodule would hand the next op a list afterwards.
+        out = submod(*args, **kwargs)
+        compiled = self.compile_piece(submod, list(args), piece.index, target)
+        self.compiled[target] = compiled.fn
+        self.records.append(compiled.record)
+        return out
 
 
 def _input_specs(gm: fx.GraphModule, inputs: list[Any]) -> tuple:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from sp_lab.compiler.inspection import _FRAME, _TORCH_DIR, node_module, node_source, qualified_name
+from sp_lab.compiler.inspection import _FRAME, _TORCH_DIR, node_module, node_source
 from sp_lab.compiler.report import SourceLine
+from sp_lab.compiler.split import node_op_name
 
 __all__ = ["TensorName", "TensorNames", "origin_key"]
 
@@ -58,7 +59,7 @@ class TensorNames:
         self._nodes = list(gm.graph.nodes)
         self._order = {n: i for i, n in enumerate(self._nodes)}
         self._by_origin = {origin_key(n): n for n in self._nodes}
-        self._splits = [n for n in self._nodes if n.op == "call_function" and qualified_name(n.target) in splitting_ops]
+        self._splits = [n for n in self._nodes if node_op_name(n) in splitting_ops]
         self._cache: dict[tuple[int, fx.Node], TensorName] = {}
 
     def lookup(self, boundary: int, node: fx.Node) -> TensorName:

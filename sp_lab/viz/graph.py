@@ -1,6 +1,6 @@
 """The split-graph explorer: which tensors cross piecewise boundaries, and what the passes changed.
 
-Everything here reads a saved CompileReport (``sp_lab.compile_report/1``, see .notes/CONTRACTS.md),
+Everything here reads a saved CompileReport (``sp_lab.compile_report/1``, defined in sp_lab/compiler/report.py),
 as a dict, a JSON path or an object with ``to_dict()``; nothing reaches into the compiler, so a
 report saved on a GPU box can be explored on a laptop with no live process.
 
