@@ -105,6 +105,22 @@ def test_boundary_tensors_name_their_module_and_source_line(reports, label):
     assert {m for m, _ in residual_1} == {expected}  # in place, layer 1 updates the embedding's buffer
 
 
+def test_boundary_tensors_say_which_pieces_make_and_use_them(reports):
+    for (label, boundary), report in reports.items():
+        rng = report.range_for(12)
+        for b in rng.boundaries:
+            split = b.after_piece + 1  # the splitting op's piece
+            for t in b.tensors:
+                producer = rng.pieces[t.producer_piece]
+                assert t.producer_piece < split and producer.kind == "compiled"
+                assert producer.outputs[t.producer_output].shape == t.shape_after, (label, boundary, t)
+                assert t.consumer_inputs and all(piece >= split for piece, _ in t.consumer_inputs)
+                for piece, i in t.consumer_inputs:
+                    consumer = rng.pieces[piece]
+                    if consumer.kind == "compiled" and boundary != "none":  # none: the known mismatch
+                        assert consumer.inputs[i].shape == t.shape_after, (label, boundary, t.name)
+
+
 def test_sharded_boundaries_carry_the_residual_as_a_shard(reports):
     for label in MODELS:
         for b in reports[label, "sharded"].range_for(12).boundaries:

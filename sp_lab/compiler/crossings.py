@@ -72,6 +72,12 @@ def record_boundaries(
                 node=node.name,
                 module=name.module,
                 source=name.source,
+                producer_piece=index_of[source],
+                producer_output=out_index or 0,
+                consumer_inputs=tuple(
+                    (index_of[u], list(u.args).index(node)) for u in node.users
+                    if u.op == "call_module" and index_of[u] >= piece.index and node in u.args
+                ),
             ))
         boundaries.append(Boundary(index=len(boundaries), splitting_op=piece.splitting_op,
                                    after_piece=piece.index - 1, before_piece=piece.index + 1,

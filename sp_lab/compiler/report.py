@@ -203,6 +203,9 @@ class BoundaryCrossing:
     node: str | None = None
     module: str | None = None
     source: SourceLine | None = None
+    producer_piece: int | None = None  # the piece that made it (an earlier one than after_piece, for positions)
+    producer_output: int | None = None  # index into that piece's outputs
+    consumer_inputs: tuple[tuple[int, int], ...] = ()  # (piece index, index among its inputs), every user after
 
 
 @dataclass(frozen=True)
