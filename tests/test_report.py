@@ -129,3 +129,15 @@ def test_records_are_frozen_and_the_report_reads_without_torch():
             f"r = CompileReport.load({str(REAL_V1)!r}); r.op_counts(12); "
             "import sp_lab.viz.graph; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_package_exports_the_report_and_its_errors():
+    import sp_lab
+    from sp_lab.compiler.backend import BoundaryError
+    from sp_lab.config import ConfigError
+
+    assert {"CompileReport", "BoundaryError", "ConfigError", "compile", "LabConfig"} <= set(dir(sp_lab))
+    assert sp_lab.CompileReport is CompileReport
+    assert sp_lab.BoundaryError is BoundaryError and sp_lab.ConfigError is ConfigError
+    with pytest.raises(AttributeError, match="no attribute 'Report'"):
+        sp_lab.Report  # noqa: B018
