@@ -463,11 +463,13 @@ def test_a_real_sweep_records_the_fused_ops_the_compiler_emitted(real_toy_sweep)
     assert len(by) == 4 and not real_toy_sweep["fusion_missing"].any()
     for t in (3, 16):
         base, fused = by[("baseline", t)], by[("sp+async_tp", t)]
-        # baseline: one all_reduce after each row-parallel matmul (o_proj, down), nothing rewritten
+        # baseline: an all_reduce after the vocab-parallel embedding and after each row-parallel matmul
+        # (o_proj, down), nothing rewritten
         assert (base["sp_rewrites"], base["n_fused_ag_mm"], base["n_fused_mm_rs"]) == (0, 0, 0)
-        assert base["n_all_reduce"] == 2 * layers and not base["fusion_fired"]
-        # sp+async_tp: every all_reduce rewritten, each gather fused into the next column-parallel matmul
-        # (qkv, gate_up) and each reduce_scatter into the previous row-parallel one (o_proj, down)
-        assert fused["sp_rewrites"] == 2 * layers and fused["fusion_fired"]
-        assert (fused["n_fused_ag_mm"], fused["n_fused_mm_rs"]) == (2 * layers, 2 * layers)
-        assert fused["n_all_reduce"] == 0 and fused["n_reduce_scatter"] == 0
+        assert base["n_all_reduce"] == 2 * layers + 1 and not base["fusion_fired"]
+        # sp+async_tp: every all_reduce rewritten; each gather fused into the next column-parallel matmul
+        # (qkv, gate_up per layer, the lm_head), each reduce_scatter into the row-parallel matmul before it
+        # (o_proj, down); the embedding's reduce_scatter has no matmul to fuse with
+        assert fused["sp_rewrites"] == 2 * layers + 1 and fused["fusion_fired"]
+        assert (fused["n_fused_ag_mm"], fused["n_fused_mm_rs"]) == (2 * layers + 1, 2 * layers)
+        assert (fused["n_all_reduce"], fused["n_reduce_scatter"]) == (0, 1)
