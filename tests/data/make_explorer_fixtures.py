@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 OUT_DIR = Path(__file__).resolve().parent / "explorer"
@@ -62,6 +64,9 @@ def compile_report(model_key: str, strategy: str) -> dict:
 
 
 def write_fixtures(out_dir: Path = OUT_DIR) -> list[Path]:
+    # A cold Inductor cache: what the passes observed is cached beside Inductor's graphs under the pass's uuid,
+    # which does not cover the report's own code, so a warm cache could hand back a report in the old format.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sp_lab_explorer_fixtures_")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for model_key in MODELS:
