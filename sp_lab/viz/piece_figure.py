@@ -13,7 +13,6 @@ members of a collapsed run, the module, shape and the source lines from the node
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
@@ -157,8 +156,8 @@ def _diff_figure(data: PieceDiffData, canvas: _Canvas, head: str, counts: str, s
             canvas.draw(graph, layout, dx + (col_w - layout.width) / 2 if dx == 0.0 else dx, y + h - layout.height,
                         found)
         where = f" · {region.module.removeprefix('model.')}" if region.module else ""
-        canvas.titles.append((0.0, y + h + 4, f"<b>{region.index + 1}. {region.title}</b>{where}"
-                                               f" <span style='color:#777'>(before | after)</span>"))
+        canvas.titles.append((0.0, y + h + 4, (f"<b>{region.index + 1}. {region.title}</b>{where}"
+                                               f" <span style='color:#777'>(before | after)</span>")))
         y += h + _TITLE_H + _GAP / 2
     title = f"{head}<br><sup>diff: {len(data.regions)} rewritten region(s), before | after · {counts}</sup>"
     return canvas.figure(width, y, title)

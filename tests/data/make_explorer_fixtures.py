@@ -16,6 +16,10 @@ the out-of-place residual's input guard at the first call) is caught and the rep
 compiler left it: that is exactly what the explorer must draw.
 
 Written gzip-compressed to ``tests/data/explorer/<model>_<strategy>.json.gz``.
+
+Also the large report ``benchmarks/bench_explorer.py`` times: ``llama-3-70b`` (80 layers, bf16, meta device) at
+tp 8, boundary ``sharded``, inspect-only, one call of 4096 tokens -> ``llama-3-70b_tp8_80l_sharded.json.gz``
+(~0.1 MB; 20-45 s to compile on 2 idle cores). ``--large-only`` writes just that one.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ TP = 2
 STRATEGIES = ("none", "gather_erase", "gather", "sharded")
 MIN_TOKENS = 8
 TOKENS = (5, 13)  # one below async_tp_min_tokens, one above: both ranges compile
-LLAMA_SHRINK = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, vocab_size=256)
+LLAMA_SHRINK = {"hidden_size": 128, "intermediate_size": 256, "num_heads": 4, "num_kv_heads": 2, "vocab_size": 256}
 MODELS = {
     "toy": ("toy", {}),
     "toy_inplace": ("toy", {"residual_inplace": True}),
@@ -56,11 +60,35 @@ def compile_report(model_key: str, strategy: str) -> dict:
         for tokens in TOKENS:
             try:
                 compiled(torch.arange(tokens) % model.spec.vocab_size)
-            except Exception as err:  # noqa: BLE001 - strategy "none" fails by design; the report keeps it
+            except Exception as err:
                 if strategy != "none":
                     raise
                 print(f"  {model_key}/{strategy} at {tokens} tokens failed as expected: {type(err).__name__}")
         return compiled.report.to_dict()
+
+
+LARGE = OUT_DIR / "llama-3-70b_tp8_80l_sharded.json.gz"
+
+
+def compile_large_report(path: Path = LARGE) -> Path:
+    """The 80-layer llama-3-70b tp 8 report (inspect-only: meta parameters, no code generation)."""
+    import torch
+
+    import sp_lab
+    from sp_lab.distributed.collectives import fake_process_group
+
+    with fake_process_group(8):
+        torch._dynamo.reset()
+        model = sp_lab.models.build("llama-3-70b", tp_rank=0, tp_size=8, num_layers=80, dtype=torch.bfloat16,
+                                    device="meta")
+        config = sp_lab.LabConfig(tp_size=8, async_tp_min_tokens=1024, max_num_tokens=8192, boundary="sharded")
+        compiled = sp_lab.compile(model, config, inspect_only=True)
+        compiled(torch.zeros(4096, dtype=torch.long, device="meta"))
+        report = compiled.report.to_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps(report).encode(), mtime=0))
+    print(f"{path.name}: {path.stat().st_size / 1e3:.0f} kB")
+    return path
 
 
 def write_fixtures(out_dir: Path = OUT_DIR) -> list[Path]:
@@ -77,8 +105,12 @@ def write_fixtures(out_dir: Path = OUT_DIR) -> list[Path]:
             path.write_bytes(gzip.compress(json.dumps(report, indent=0).encode(), mtime=0))
             paths.append(path)
             print(f"{path.name}: {path.stat().st_size / 1e3:.0f} kB")
+    paths.append(compile_large_report(out_dir / LARGE.name))
     return paths
 
 
 if __name__ == "__main__":
+    if "--large-only" in sys.argv[1:]:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sp_lab_explorer_fixtures_")
+        sys.exit(0 if compile_large_report() else 1)
     sys.exit(0 if write_fixtures() else 1)
