@@ -3,7 +3,7 @@
 Each compiled piece is captured once per input-shape signature (one per capture size). Replay copies the
 inputs whose storage moved into the captured buffers; weights keep their storage and are not copied.
 Splitting ops (attention) run eagerly between pieces, outside any graph. All pieces share one memory pool.
-The host overhead this removes matters most at small token counts (BACKGROUND.md section 3: an eager fused
+The host overhead this removes matters most at small token counts (docs/measured-h200.md: an eager fused
 op costs ~0.2-0.33 ms of host time).
 """
 

@@ -7,6 +7,9 @@
 - :func:`maybe_enable_symm_mem` switches symmetric memory on for a group when the machine allows it and
   says why not otherwise; without it PyTorch's AsyncTP fusion silently does nothing (torch 2.11-2.14).
 - :func:`device_for_rank` picks the device a rank computes on.
+- :data:`all_gather_single` / :data:`reduce_scatter_single`: the eager dim-0 collectives under their
+  current names (torch 2.13 deprecates ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` with a
+  FutureWarning; 2.11 has only the old names).
 """
 
 from __future__ import annotations
@@ -19,7 +22,21 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["device_for_rank", "fake_process_group", "maybe_enable_symm_mem", "tp_group_name"]
+__all__ = [
+    "all_gather_single",
+    "device_for_rank",
+    "fake_process_group",
+    "maybe_enable_symm_mem",
+    "reduce_scatter_single",
+    "tp_group_name",
+]
+
+# Chosen once: the new names where this torch has them (no FutureWarning in every notebook cell),
+# the old ones on torch 2.11-2.12, where they are not deprecated. Same signatures.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""``all_gather_single(output [tp*c, ...], input [c, ...], group=None, async_op=False)``."""
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""``reduce_scatter_single(output [M/tp, ...], input [M, ...], op=SUM, group=None, async_op=False)``."""
 
 
 @contextlib.contextmanager
