@@ -95,11 +95,11 @@ def test_boundary_tensors_name_their_module_and_source_line(reports, label):
                 where.setdefault((b.index, t.name), set()).add((t.module, t.source))
     assert all(len(places) == 1 for places in where.values()), where  # identical in every strategy
     (module, source), = where[0, "residual"]
-    assert module == "model.embed_tokens" and source.label.startswith("layers.py:")
+    assert module == "model.embed_tokens" and source.startswith("layers.py:")
     (module, source), = where[0, "q"]
     assert module == "model.layers.0.self_attn.rotary_emb"
     (module, source), = where[0, "positions"]
-    assert module is None and "positions = torch.arange" in source.code  # made by the root module
+    assert module is None and "positions = torch.arange" in source  # made by the root module
     residual_1 = where[1, "residual"]
     expected = "model.embed_tokens" if label == "toy_inplace" else "model.layers.1.input_layernorm"
     assert {m for m, _ in residual_1} == {expected}  # in place, layer 1 updates the embedding's buffer
@@ -151,7 +151,8 @@ def test_passes_fill_typed_records(reports):
     assert gathered and {c.action for c in gathered} == {"gathered"}
     assert all(isinstance(s, TensorSpec) for s in compiled[0].inputs)
     mms = [n for n in compiled[0].graph_before.nodes if n.kind == "matmul"]
-    assert mms and all(n.module and n.module.startswith("model.") and n.source.line > 0 for n in mms)
+    assert mms and all(n.module and n.module.startswith("model.") and n.source.startswith(("layers.py:", "llama.py:"))
+                       for n in mms)
 
 
 def test_the_side_file_stores_the_same_record(reports):

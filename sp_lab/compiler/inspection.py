@@ -20,7 +20,6 @@ from sp_lab.compiler.report import (
     GraphSnapshot,
     NodeRecord,
     Shape,
-    SourceLine,
     TensorSpec,
 )
 
@@ -121,13 +120,14 @@ def node_module(node: fx.Node) -> str | None:
     return re.sub(r"\[(\d+)\]", r".\1", path).replace("_modules.", "") or None
 
 
-def node_source(node: fx.Node) -> SourceLine | None:
-    """The innermost frame of ``node``'s stack trace that is not inside torch: the model's line that made it."""
+def node_source(node: fx.Node) -> str | None:
+    """The model's line that made ``node``: the innermost frame of its stack trace outside torch, written
+    ``"layers.py:57  return F.linear(x, w)"``."""
     return innermost_user_frame(node.meta.get("stack_trace"))
 
 
-def innermost_user_frame(stack_trace: str | None) -> SourceLine | None:
-    """Parse a Python traceback text (as FX keeps in ``meta["stack_trace"]``) and keep the last non-torch frame."""
+def innermost_user_frame(stack_trace: str | None) -> str | None:
+    """The last frame outside torch of a traceback text (as FX keeps in ``meta["stack_trace"]``)."""
     if not stack_trace:
         return None
     found = None
@@ -136,7 +136,7 @@ def innermost_user_frame(stack_trace: str | None) -> SourceLine | None:
         m = _FRAME.match(text)
         if m and not m["file"].startswith(_TORCH_DIR):
             code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
-            found = SourceLine(m["file"], int(m["line"]), m["function"], code)
+            found = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']}  {code}".rstrip()
     return found
 
 

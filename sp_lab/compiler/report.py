@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import gzip
 import json
 import types
 import typing
@@ -42,7 +43,6 @@ __all__ = [
     "RangeReport",
     "ReportError",
     "SPRewrite",
-    "SourceLine",
     "TensorSpec",
     "record_from_json",
     "record_to_json",
@@ -101,20 +101,6 @@ class ReportError(ValueError):
 
 
 @dataclass(frozen=True)
-class SourceLine:
-    """Where in the model's code a node was made (the innermost frame of its stack trace outside torch)."""
-
-    file: str
-    line: int
-    function: str
-    code: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{Path(self.file).name}:{self.line} in {self.function}"
-
-
-@dataclass(frozen=True)
 class TensorSpec:
     """A named graph input as compiled: shape and dtype (both None for non-tensors such as a SymInt)."""
 
@@ -134,7 +120,7 @@ class NodeRecord:
     shape: Shape | None = None
     dtype: str | None = None
     module: str | None = None  # module path from nn_module_stack ("model.layers.3.mlp"); None: the root
-    source: SourceLine | None = None
+    source: str | None = None  # the model's line that made it: "layers.py:57  return F.linear(x, w)"
 
 
 @dataclass(frozen=True)
@@ -202,7 +188,7 @@ class BoundaryCrossing:
     bytes_per_token_after: float | None
     node: str | None = None
     module: str | None = None
-    source: SourceLine | None = None
+    source: str | None = None  # "layers.py:296  return funcol.all_reduce(out, ...)", as NodeRecord.source
     producer_piece: int | None = None  # the piece that made it (an earlier one than after_piece, for positions)
     producer_output: int | None = None  # index into that piece's outputs
     consumer_inputs: tuple[tuple[int, int], ...] = ()  # (piece index, index among its inputs), every user after
@@ -429,14 +415,16 @@ class CompileReport:
 
     @classmethod
     def load(cls, path: str | Path) -> CompileReport:
-        """Read a report saved with ``report.to_json(path)``; errors name the file."""
+        """Read a report saved with ``report.to_json(path)`` (``.json.gz`` too); errors name the file."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            raw = path.read_bytes()
+            text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
         except FileNotFoundError:
             raise FileNotFoundError(f"no compile report at {str(path)!r}; save one with report.to_json(path)") from None
-        except UnicodeDecodeError as e:
-            raise ReportError(f"{path}: not a JSON compile report (not UTF-8 text: {e.reason} at byte {e.start})") from None
+        except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
+            reason = f"not UTF-8 text: {e.reason} at byte {e.start}" if isinstance(e, UnicodeDecodeError) else str(e)
+            raise ReportError(f"{path}: not a JSON compile report ({reason})") from None
         try:
             return cls.from_json(text)
         except ReportError as e:
@@ -461,8 +449,7 @@ def _to_json(record: Any) -> Any:
 
 def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
     """``sp_lab.compile_report/1`` -> /2: copy events replace per-piece ``erased_copies``; non-tensor inputs
-    have dtype None (was ""); synthetic reports listed erased copies on the range only. Anything malformed
-    is left as it is, for the loader to name."""
+    have dtype None (was ""). Anything malformed is left as it is, for the loader to name."""
     d = dict(d, schema=SCHEMA)
     if isinstance(d.get("ranges"), list):
         d["ranges"] = [_migrate_v1_range(r) if isinstance(r, dict) else r for r in d["ranges"]]
@@ -472,15 +459,11 @@ def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
 def _migrate_v1_range(r: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(r.get("pieces"), list):
         return r
-    range_erased = r.get("erased_copies") if isinstance(r.get("erased_copies"), list) else []
     pieces = []
     for p in r["pieces"]:
         if isinstance(p, dict):
             p = dict(p)
             own = p.pop("erased_copies", None)
-            if own is None:  # synthetic v1 reports kept them on the range, tagged with the piece
-                own = [{k: v for k, v in e.items() if k != "piece"} for e in range_erased
-                       if isinstance(e, dict) and e.get("piece") == p.get("index")]
             if isinstance(own, list) and own:
                 p["copies"] = [dict(e, action="erased") if isinstance(e, dict) else e for e in own]
             elif own:

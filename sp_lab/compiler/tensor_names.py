@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from torch import fx
 
 from sp_lab.compiler.inspection import _FRAME, _TORCH_DIR, node_module, node_source
-from sp_lab.compiler.report import SourceLine
 from sp_lab.compiler.split import node_op_name
 
 __all__ = ["TensorName", "TensorNames", "origin_key"]
@@ -43,7 +42,7 @@ class TensorName:
 
     name: str
     module: str | None
-    source: SourceLine | None
+    source: str | None
 
 
 def origin_key(node: fx.Node) -> str:
