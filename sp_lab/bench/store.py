@@ -221,10 +221,12 @@ def normalize_rows(rows: Sequence[Mapping[str, object]]) -> pl.DataFrame:
 class SweepStore:
     """An append-only, crash-safe, multi-writer dataset of sweep rows under ``path`` (see module doc).
 
-    >>> store = SweepStore("data/sweeps")
-    >>> store.append([row])            # one atomic part file
-    >>> df = store.read()              # every row, ROW_SCHEMA columns
-    >>> store.done_keys(source="measured", model="toy")
+    Usage (``row`` a dict of :data:`ROW_SCHEMA` columns)::
+
+        store = SweepStore("out/sweeps")
+        store.append([row])                                 # one atomic part file
+        df = store.read()                                   # every row, ROW_SCHEMA columns
+        store.done_keys(source="measured", model="toy")     # resume keys
     """
 
     path: Path
