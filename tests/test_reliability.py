@@ -97,7 +97,7 @@ LEDGER: collections.Counter = collections.Counter()
 
 def _unclear(owner: str, why: str):
     """A known-unclear error elsewhere in sp_lab: a strict xfail, so the fix turns it into a failure to remove."""
-    return pytest.mark.xfail(strict=True, reason=f"{owner}: {why} (reported to the lead)")
+    return pytest.mark.xfail(strict=True, reason=f"{owner}: {why}")
 
 
 @pytest.fixture(scope="module", autouse=True)
