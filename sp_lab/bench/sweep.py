@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.store import KEY_COLUMNS, SweepStore
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.bench.timing import CallSampler, median_ci
 from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
 
@@ -378,7 +378,7 @@ def run_sweep(
     try:
         for t, todo in pending.items():
             # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
-            claims = _claim_points(store, {v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
             claimed = _broadcast(list(claims) if rank == 0 else None)
             if len(claimed) < len(todo):
                 elsewhere += len(todo) - len(claimed)
@@ -410,37 +410,17 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
-            _release(claims)  # after the rows are on disk: whoever claims next sees them
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
         if reports_dir is not None and rank == 0:
             Path(reports_dir).mkdir(parents=True, exist_ok=True)
             for v in needed:
                 (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
-        _release(claims)
+        release_claims(claims)
         if bar is not None:
             bar.close()
     return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
                        elsewhere=elsewhere)
-
-
-def _claim_points(store: SweepStore, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict:
-    """Rank 0: claims on the points ``keys`` (variant -> resume key) that no row and no live sweep covers.
-
-    Rows appended since the sweep started (by a concurrent sweep) are added to ``done`` after claiming:
-    a sweep appends its row before releasing its claim, so a point claimed here has either no row yet or
-    a row this read sees.
-    """
-    claims = {v: c for v, k in keys.items() if k not in done and (c := store.claim(k)) is not None}
-    new = store.read_new(seen)
-    done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
-    for v in [v for v in claims if keys[v] in done]:
-        claims.pop(v).release()
-    return claims
-
-
-def _release(claims: Mapping[str, Any]) -> None:
-    for claim in claims.values():
-        claim.release()
 
 
 @dataclasses.dataclass(frozen=True)
