@@ -88,7 +88,7 @@ def _threshold(text: str) -> int | None:
     return None if text == NEVER else _positive_int(text)
 
 
-def _add_measure_args(p: argparse.ArgumentParser) -> None:
+def _add_measure_args(p: argparse.ArgumentParser, *, budget: float | None = None) -> None:
     p.add_argument("--model", default="toy", help="toy, a preset (llama-3-8b, ...) or a HF checkpoint dir")
     p.add_argument("--tp", type=_positive_int, default=2, help="tensor-parallel ranks (default 2)")
     p.add_argument("--tokens", type=_token_list, default=_token_list(DEFAULT_TOKENS),
@@ -102,7 +102,8 @@ def _add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-repeats", type=_positive_int, default=None, help="most timed calls per point (10x)")
     p.add_argument("--ci-width", type=float, default=0.05,
                    help="stop once each median's 95%% interval is this fraction of it (default 0.05)")
-    p.add_argument("--budget", type=float, default=None, help="seconds of timing for the sweep (default: none)")
+    p.add_argument("--budget", type=float, default=budget,
+                   help=f"seconds of timing per sweep, shared by its token counts (default {budget or 'none'})")
     p.add_argument("--no-cuda-graph", action="store_true", help="time eager calls on CUDA")
     p.add_argument("--backend", default="auto", help="auto (default), gloo, nccl")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole sweep (default 3600)")
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="sweep, tune, export and report in one go (the README's main job)")
-    _add_measure_args(p)
+    _add_measure_args(p, budget=60.0)  # keeps `make run` to a few minutes on 2 shared cores
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"output directory (default ./{DEFAULT_OUT})")
     p.add_argument("--store", type=Path, default=None, help="sweep store (default OUT/sweeps; reruns resume)")
     p.add_argument("--no-validate", action="store_true", help="do not measure the tuned config")

@@ -292,7 +292,7 @@ class LabConfig:
         read from vLLM's ``vllm/config/compilation.py``), plus what makes SP run there: the whole graph
         in one piece (``splitting_ops: []``; a piece-wise graph gets no SP), the threshold as the
         release can express it (``sp_min_token_num`` and a compile-range boundary, or, before
-        ``sp_min_token_num`` existed, the capture sizes from the threshold on as ``compile_sizes``) and a
+        ``sp_min_token_num`` existed, static ``compile_sizes`` from the threshold on) and a
         CUDA-graph mode that works without piece boundaries (full graphs for decode batches).
         sp_lab's ``boundary`` and per-matmul ``heuristic`` have no vLLM equivalent; they stay in the
         file's ``sp_lab`` section. A policy vLLM cannot run (SP before AsyncTP at a second threshold)
@@ -318,13 +318,17 @@ class LabConfig:
         out["cudagraph_mode"] = "FULL_DECODE_ONLY"  # piece-wise CUDA graphs would need piece boundaries
         if rel.sp_threshold_field is not None:
             out["pass_config"][rel.sp_threshold_field] = start
-        else:  # the SP pass of these releases runs only on static sizes that tp divides
-            sizes = [s for s in self.resolved_capture_sizes() if s >= start and s % self.tp_size == 0]
+        else:
+            # The SP pass of these releases runs only on static compile sizes that tp divides: the capture
+            # sizes (padded decode batches) and powers of two up to max_num_tokens (full prefill chunks).
+            ladder = {*self.resolved_capture_sizes(), self.max_num_tokens,
+                      *(2**k for k in range(self.max_num_tokens.bit_length()) if 2**k <= self.max_num_tokens)}
+            sizes = sorted(s for s in ladder if s >= start and s % self.tp_size == 0)
             if not sizes:
                 raise ConfigError(
                     f"to_vllm: vLLM {version} runs SP only at static compile sizes that tp={self.tp_size} "
-                    f"divides, and no capture size {self.resolved_capture_sizes()} is >= {start}; set "
-                    "cudagraph_capture_sizes to include sizes from the threshold on"
+                    f"divides, and none from {start} to max_num_tokens={self.max_num_tokens} is; raise "
+                    "max_num_tokens or add cudagraph_capture_sizes that tp divides"
                 )
             out["compile_sizes"] = sizes
         if rel.ranges_field is not None and start > 1:

@@ -10,7 +10,7 @@ How SP is made to run differs per release (what ``to_vllm`` relies on, from the 
 
 - ``"0.11"``: ``pass_config.enable_sequence_parallelism`` / ``enable_async_tp``; no token threshold and no
   compile ranges: the SP pass applies to static compile sizes divisible by tp only, so the threshold is
-  expressed as ``compile_sizes`` (the capture sizes at or above it that tp divides).
+  expressed as ``compile_sizes`` (capture sizes and powers of two from it on that tp divides).
 - ``"0.12"``: renamed to ``enable_sp`` / ``fuse_gemm_comms``; ``compile_ranges_split_points`` exists, but
   no SP token threshold yet, so again ``compile_sizes`` carry it; the split point separates the ranges.
 - ``"2026.03"``: ``pass_config.sp_min_token_num`` gates SP by token count, and the compile ranges are

@@ -330,8 +330,10 @@ def test_to_vllm_names_the_known_releases_and_refuses_what_vllm_cannot_run():
     section = json.loads(two_gates.to_json())["vllm"]
     assert "compilation_config" not in section and "one gate for both" in section["not_expressible"]
     assert LabConfig.from_json(two_gates.to_json()) == two_gates
-    with pytest.raises(ConfigError, match="no capture size"):
-        LabConfig(async_tp_min_tokens=1024).to_vllm("0.11")  # SP only at static sizes, the ladder ends at 512
+    sizes = LabConfig(tp_size=8, async_tp_min_tokens=2048).to_vllm("0.11")["compile_sizes"]
+    assert sizes == [2048, 4096, 8192, 16384]  # SP only at static sizes: powers of two up to max_num_tokens
+    with pytest.raises(ConfigError, match="none from 6 to max_num_tokens=7"):
+        LabConfig(tp_size=8, async_tp_min_tokens=6, max_num_tokens=7).to_vllm("0.12")
 
 
 def test_vllm_section_of_an_older_file_is_not_checked():

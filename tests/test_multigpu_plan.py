@@ -80,6 +80,8 @@ def test_every_job_command_parses_with_the_cli_and_its_config_loads(profile, tmp
         assert (args.command, args.model, args.tp, args.boundary) == ("run", job.model, job.tp, job.boundary)
         assert args.tokens == list(profile.tokens) and args.dtype == profile.dtype
         assert args.backend == profile.backend and args.num_layers == job.num_layers
+        # interleaved timing to a stated interval width, inside a timing budget (sp_lab run's sweep)
+        assert (args.ci_width, args.budget) == (profile.ci_width, profile.timing_budget_s)
         config = LabConfig.from_json(args.config)
         assert (config.tp_size, config.boundary, config.cudagraphs) == (job.tp, job.boundary, True)
         assert config.max_num_tokens >= max(profile.tokens)
