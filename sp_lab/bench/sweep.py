@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.store import KEY_COLUMNS, SweepStore
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.bench.timing import CallSampler, median_ci
 from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
 
@@ -210,6 +210,8 @@ class SweepResult:
     """Where the rows went."""
     sweep_id: str
     """The ``sweep_id`` of the rows written by this call."""
+    elsewhere: int = 0
+    """Points a concurrent sweep of the same store claimed first and measured (never measured twice)."""
 
     @property
     def fusion_missing(self) -> list[dict[str, Any]]:
@@ -355,6 +357,7 @@ def run_sweep(
     plan = {v: variant_config(v, config, tp_size=world) for v in variants}
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
+    seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
     done = _broadcast(store.done_keys(source=MEASURED) if rank == 0 else None)
 
     def key(variant: str, t: int) -> tuple:
@@ -366,7 +369,11 @@ def run_sweep(
     pending = {t: [v for v in variants if key(v, t) not in done] for t in tokens}
     pending = {t: vs for t, vs in pending.items() if vs}
     skipped = len(plan) * len(tokens) - sum(len(vs) for vs in pending.values())
-    bar = _progress_bar(total=len(plan) * len(tokens), initial=skipped, enabled=progress and rank == 0)
+    planned, elsewhere, claims = len(plan) * len(tokens) - skipped, 0, {}
+    if rank == 0:
+        store.record_plan(sweep_id, planned)
+    # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
+    bar = _progress_bar(total=planned, enabled=progress and rank == 0)
     written: list[dict[str, Any]] = []
     # Every variant with work left is compiled up front: interleaving needs them all at hand.
     needed = [v for v in variants if any(v in vs for vs in pending.values())]
@@ -375,6 +382,20 @@ def run_sweep(
                      points_left=len(pending))
     try:
         for t, todo in pending.items():
+            # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
+            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claimed = _broadcast(list(claims) if rank == 0 else None)
+            if len(claimed) < len(todo):
+                elsewhere += len(todo) - len(claimed)
+                if rank == 0:
+                    store.record_plan(sweep_id, planned - elsewhere)
+                if bar is not None:
+                    bar.total = planned - elsewhere
+                    bar.refresh()
+                if not claimed:
+                    stop.points_left -= 1
+                    continue
+            todo = claimed
             if bar is not None:
                 bar.set_description(f"T={t}: {', '.join(todo)}")
             # same seed on every rank: TP ranks must see the same tokens
@@ -394,14 +415,17 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
         if reports_dir is not None and rank == 0:
             Path(reports_dir).mkdir(parents=True, exist_ok=True)
             for v in needed:
                 (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
+        release_claims(claims)
         if bar is not None:
             bar.close()
-    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id)
+    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
+                       elsewhere=elsewhere)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -546,12 +570,14 @@ def _row(
     }
 
 
-def _progress_bar(*, total: int, initial: int, enabled: bool):
+def _progress_bar(*, total: int | None, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="pt", desc="sweep", dynamic_ncols=True)
+    # A point's time is mostly the compile of its range on first use, then seconds: weigh the latest
+    # intervals (smoothing 0.9, tqdm's default 0.3) so one compile does not drive the ETA for long.
+    return tqdm(total=total, unit="pt", desc="sweep", dynamic_ncols=True, smoothing=0.9)
 
 
 def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
@@ -613,12 +639,20 @@ def launch_sweep(
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
-    total = len(list(variants)) * len(_check_token_counts(token_counts))
-    bar = _progress_bar(total=total, initial=0, enabled=progress)
+    _check_token_counts(token_counts)
+    # The total is what rank 0 plans to measure (after resume, minus points a concurrent sweep takes),
+    # read from the store as it says; unknown until the ranks are up.
+    bar = _progress_bar(total=None, enabled=progress)
     stop = threading.Event()
     watcher_error: list[BaseException] = []
 
     def deliver() -> None:
+        planned = store.planned_points(sweep_id) if bar is not None else None
+        if planned is not None and planned != bar.total:
+            if bar.total is None:
+                bar.reset(total=planned)  # the clock starts when measuring starts, not at rank start-up
+            bar.total = planned
+            bar.refresh()
         new = store.read_new(seen)
         for row in new.filter(new["sweep_id"] == sweep_id).iter_rows(named=True):
             if bar is not None:
@@ -655,6 +689,7 @@ def launch_sweep(
         thread.join()
         if not watcher_error:
             deliver()  # rows that landed after the watcher's last look
+        store.forget_plan(sweep_id)
         if bar is not None:
             bar.close()
     if watcher_error:
@@ -662,4 +697,6 @@ def launch_sweep(
     result: SweepResult = results[0]
     if bar is not None and result.skipped:
         print(f"resumed: {result.skipped} point(s) already in {store.path} were not measured again")
+    if bar is not None and result.elsewhere:
+        print(f"{result.elsewhere} point(s) were measured by a concurrent sweep of {store.path}, not here")
     return result
