@@ -92,6 +92,10 @@ def lab(tmp_path):
     workdir = ROOT / ".cache" / f"browser-{secrets.token_hex(4)}"  # under the repo: the notebook finds ROOT
     workdir.mkdir(parents=True)
     shutil.copy(NOTEBOOK, workdir / NOTEBOOK.name)
+    # no "receive official Jupyter news?" toast over the widget (and its screenshot)
+    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "SP_LAB_SMOKE": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
@@ -209,6 +213,7 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
             no_news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
             if no_news.count():
                 no_news.first.click()
+            page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
             tuner = page.locator(".jp-OutputArea-output .widget-vbox").first
             tuner.scroll_into_view_if_needed()
             artifacts = ROOT / "artifacts"
@@ -217,5 +222,12 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
             if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
                 (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
                 shutil.copy(artifacts / "tuner.png", ROOT / "docs" / "img" / "tuner.png")
+        except AssertionError as failure:  # keep what the browser showed and what the server said
+            artifacts = ROOT / "artifacts"
+            artifacts.mkdir(exist_ok=True)
+            page.screenshot(path=str(artifacts / "tuner_failure.png"), full_page=True)
+            log = (tmp_path / "jupyterlab.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{failure}\n(page: artifacts/tuner_failure.png; JupyterLab log tail:\n{log})") \
+                from failure
         finally:
             browser.close()
