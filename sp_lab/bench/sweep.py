@@ -205,6 +205,8 @@ class SweepResult:
     """Where the rows went."""
     sweep_id: str
     """The ``sweep_id`` of the rows written by this call."""
+    elsewhere: int = 0
+    """Points a concurrent sweep of the same store claimed first and measured (never measured twice)."""
 
     @property
     def fusion_missing(self) -> list[dict[str, Any]]:
@@ -350,6 +352,7 @@ def run_sweep(
     plan = {v: variant_config(v, config, tp_size=world) for v in variants}
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
+    seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
     done = _broadcast(store.done_keys(source=MEASURED) if rank == 0 else None)
 
     def key(variant: str, t: int) -> tuple:
@@ -361,7 +364,11 @@ def run_sweep(
     pending = {t: [v for v in variants if key(v, t) not in done] for t in tokens}
     pending = {t: vs for t, vs in pending.items() if vs}
     skipped = len(plan) * len(tokens) - sum(len(vs) for vs in pending.values())
-    bar = _progress_bar(total=len(plan) * len(tokens), initial=skipped, enabled=progress and rank == 0)
+    planned, elsewhere, claims = len(plan) * len(tokens) - skipped, 0, {}
+    if rank == 0:
+        store.record_plan(sweep_id, planned)
+    # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
+    bar = _progress_bar(total=planned, enabled=progress and rank == 0)
     written: list[dict[str, Any]] = []
     # Every variant with work left is compiled up front: interleaving needs them all at hand.
     needed = [v for v in variants if any(v in vs for vs in pending.values())]
@@ -370,6 +377,20 @@ def run_sweep(
                      points_left=len(pending))
     try:
         for t, todo in pending.items():
+            # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
+            claims = _claim_points(store, {v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claimed = _broadcast(list(claims) if rank == 0 else None)
+            if len(claimed) < len(todo):
+                elsewhere += len(todo) - len(claimed)
+                if rank == 0:
+                    store.record_plan(sweep_id, planned - elsewhere)
+                if bar is not None:
+                    bar.total = planned - elsewhere
+                    bar.refresh()
+                if not claimed:
+                    stop.points_left -= 1
+                    continue
+            todo = claimed
             if bar is not None:
                 bar.set_description(f"T={t}: {', '.join(todo)}")
             # same seed on every rank: TP ranks must see the same tokens
@@ -389,14 +410,37 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
+            _release(claims)  # after the rows are on disk: whoever claims next sees them
         if reports_dir is not None and rank == 0:
             Path(reports_dir).mkdir(parents=True, exist_ok=True)
             for v in needed:
                 (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
+        _release(claims)
         if bar is not None:
             bar.close()
-    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id)
+    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
+                       elsewhere=elsewhere)
+
+
+def _claim_points(store: SweepStore, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict:
+    """Rank 0: claims on the points ``keys`` (variant -> resume key) that no row and no live sweep covers.
+
+    Rows appended since the sweep started (by a concurrent sweep) are added to ``done`` after claiming:
+    a sweep appends its row before releasing its claim, so a point claimed here has either no row yet or
+    a row this read sees.
+    """
+    claims = {v: c for v, k in keys.items() if k not in done and (c := store.claim(k)) is not None}
+    new = store.read_new(seen)
+    done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
+    for v in [v for v in claims if keys[v] in done]:
+        claims.pop(v).release()
+    return claims
+
+
+def _release(claims: Mapping[str, Any]) -> None:
+    for claim in claims.values():
+        claim.release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -541,12 +585,14 @@ def _row(
     }
 
 
-def _progress_bar(*, total: int, initial: int, enabled: bool):
+def _progress_bar(*, total: int | None, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="pt", desc="sweep", dynamic_ncols=True)
+    # A point's time is mostly the compile of its range on first use, then seconds: weigh the latest
+    # intervals (smoothing 0.9, tqdm's default 0.3) so one compile does not drive the ETA for long.
+    return tqdm(total=total, unit="pt", desc="sweep", dynamic_ncols=True, smoothing=0.9)
 
 
 def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
@@ -608,12 +654,20 @@ def launch_sweep(
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
-    total = len(list(variants)) * len(_check_token_counts(token_counts))
-    bar = _progress_bar(total=total, initial=0, enabled=progress)
+    _check_token_counts(token_counts)
+    # The total is what rank 0 plans to measure (after resume, minus points a concurrent sweep takes),
+    # read from the store as it says; unknown until the ranks are up.
+    bar = _progress_bar(total=None, enabled=progress)
     stop = threading.Event()
     watcher_error: list[BaseException] = []
 
     def deliver() -> None:
+        planned = store.planned_points(sweep_id) if bar is not None else None
+        if planned is not None and planned != bar.total:
+            if bar.total is None:
+                bar.reset(total=planned)  # the clock starts when measuring starts, not at rank start-up
+            bar.total = planned
+            bar.refresh()
         new = store.read_new(seen)
         for row in new.filter(new["sweep_id"] == sweep_id).iter_rows(named=True):
             if bar is not None:
@@ -650,6 +704,7 @@ def launch_sweep(
         thread.join()
         if not watcher_error:
             deliver()  # rows that landed after the watcher's last look
+        store.forget_plan(sweep_id)
         if bar is not None:
             bar.close()
     if watcher_error:
@@ -657,4 +712,6 @@ def launch_sweep(
     result: SweepResult = results[0]
     if bar is not None and result.skipped:
         print(f"resumed: {result.skipped} point(s) already in {store.path} were not measured again")
+    if bar is not None and result.elsewhere:
+        print(f"{result.elsewhere} point(s) were measured by a concurrent sweep of {store.path}, not here")
     return result
