@@ -214,8 +214,10 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
             if no_news.count():
                 no_news.first.click()
             page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
+            page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
             tuner = page.locator(".jp-OutputArea-output .widget-vbox").first
-            tuner.scroll_into_view_if_needed()
+            tuner.evaluate("el => el.scrollIntoView({block: 'center'})")
+            time.sleep(1)
             artifacts = ROOT / "artifacts"
             artifacts.mkdir(exist_ok=True)
             tuner.screenshot(path=str(artifacts / "tuner.png"))
