@@ -38,14 +38,19 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
-from sp_lab.bench.store import KEY_COLUMNS, SweepStore
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
+
+if TYPE_CHECKING:
+    from sp_lab.compiler.backend import CompiledModel
+    from sp_lab.compiler.report import CompileReport
+    from sp_lab.config import LabConfig
 
 DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
@@ -55,7 +60,7 @@ MISSING_SUFFIX = " [fusion missing]"
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> Any:
+def variant_config(variant: str, config: LabConfig, *, tp_size: int | None = None) -> LabConfig:
     """The :class:`LabConfig` that ``variant`` measures, derived from ``config`` (which is not changed).
 
     ``tp_size`` (the sweep's world size) overrides ``config.tp_size`` when given. The reference variants
@@ -74,7 +79,7 @@ def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> 
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
 
 
-def config_hash(config: Any) -> str:
+def config_hash(config: LabConfig) -> str:
     """A short, stable hash of a config's JSON form (12 hex digits): part of a row's resume key."""
     text = json.dumps(config.to_dict(), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -92,7 +97,7 @@ class Expectation:
     """Why an expectation is off where one might assume it on."""
 
 
-def expectation(config: Any, num_tokens: int) -> Expectation:
+def expectation(config: LabConfig, num_tokens: int) -> Expectation:
     """What ``config`` should do at ``num_tokens`` tokens, from the config's own compile-range gates.
 
     SP is expected where :meth:`LabConfig.sp_active_for` says so for the range serving ``num_tokens``
@@ -215,7 +220,7 @@ def run_sweep(
     *,
     token_counts: Sequence[int],
     store_dir: str | os.PathLike,
-    config: Any = None,
+    config: LabConfig | None = None,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     tp_size: int | None = None,
     dtype: str | torch.dtype = "float32",
@@ -364,7 +369,7 @@ def run_sweep(
     try:
         for t, todo in pending.items():
             # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
-            claims = _claim_points(store, {v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
             claimed = broadcast(list(claims) if rank == 0 else None)
             if len(claimed) < len(todo):
                 elsewhere += len(todo) - len(claimed)
@@ -396,46 +401,26 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
-            _release(claims)  # after the rows are on disk: whoever claims next sees them
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
         if reports_dir is not None and rank == 0:
             Path(reports_dir).mkdir(parents=True, exist_ok=True)
             for v in needed:
                 (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
-        _release(claims)
+        release_claims(claims)
         if bar is not None:
             bar.close()
     return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
                        elsewhere=elsewhere)
 
 
-def _claim_points(store: SweepStore, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict:
-    """Rank 0: claims on the points ``keys`` (variant -> resume key) that no row and no live sweep covers.
-
-    Rows appended since the sweep started (by a concurrent sweep) are added to ``done`` after claiming:
-    a sweep appends its row before releasing its claim, so a point claimed here has either no row yet or
-    a row this read sees.
-    """
-    claims = {v: c for v, k in keys.items() if k not in done and (c := store.claim(k)) is not None}
-    new = store.read_new(seen)
-    done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
-    for v in [v for v in claims if keys[v] in done]:
-        claims.pop(v).release()
-    return claims
-
-
-def _release(claims: Mapping[str, Any]) -> None:
-    for claim in claims.values():
-        claim.release()
-
-
 def _row(
     base: dict[str, Any],
     variant: str,
-    cfg: Any,
+    cfg: LabConfig,
     num_tokens: int,
     timing: PointTiming,
-    report: Any,
+    report: CompileReport,
 ) -> dict[str, Any]:
     """One store row: provenance + timing + what the compile report says ran at ``num_tokens``."""
     counts = report.op_counts(num_tokens)
@@ -493,7 +478,7 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
     return build(model_name, **kwargs)
 
 
-def _default_compile(model: torch.nn.Module, config: Any) -> Any:
+def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
     import sp_lab
 
     return sp_lab.compile(model, config)
