@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sp_lab.resources import load_preset
+from sp_lab.vocabulary import MEASURED
 
 if TYPE_CHECKING:
     import polars as pl
@@ -45,8 +46,6 @@ AG_SIDE = ("qkv", "gate_up")
 #: Matmuls whose fusable collective is a reduce_scatter after them (row-parallel).
 RS_SIDE = ("o_proj", "down")
 
-#: The ``source`` label of rows that were timed on hardware (as opposed to "simulated").
-MEASURED = "measured"
 
 
 @dataclass(frozen=True)
