@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from sp_lab.jsonfile import read_json
 from sp_lab.rules import MatmulRule, RuleError
+from sp_lab.vllm_releases import DEFAULT_RELEASE as DEFAULT_VLLM_RELEASE
 
 __all__ = [
     "ConfigError",
@@ -76,7 +77,12 @@ class LabConfig:
 
     async_tp_min_tokens: int = 128
     """Smallest token count that gets SP and AsyncTP; below it both are off for that token range.
-    128 is the draft's hand-picked default; ``sp_lab.tuning.threshold`` recommends a measured one."""
+    128 is the draft's hand-picked default; ``sp_lab.tuning.policy`` recommends a measured one."""
+
+    sp_min_tokens: int | None = None
+    """Smallest token count that gets SP when SP should start before AsyncTP (SP alone in between);
+    ``None``: SP starts together with AsyncTP at ``async_tp_min_tokens``. ``1`` with AsyncTP gated
+    runs SP everywhere and fuses from ``async_tp_min_tokens`` on."""
 
     compile_mode: CompileMode = "piecewise"
     """``"piecewise"``: split the graph at ``splitting_ops`` and compile each piece (vLLM's default);
@@ -148,6 +154,11 @@ class LabConfig:
                 f"async_tp_min_tokens: must be in [1, max_num_tokens={self.max_num_tokens}], got "
                 f"{self.async_tp_min_tokens}; to keep SP off for every size set enable_sp=False instead"
             )
+        if self.sp_min_tokens is not None and not 1 <= self.sp_min_tokens <= self.async_tp_min_tokens:
+            raise ConfigError(
+                f"sp_min_tokens: must be in [1, async_tp_min_tokens={self.async_tp_min_tokens}], got "
+                f"{self.sp_min_tokens}; SP has to run wherever AsyncTP does (None: start both together)"
+            )
         for i, ops in enumerate(self.splitting_ops):
             if not _QUALIFIED_OP.match(ops):
                 raise ConfigError(
@@ -204,7 +215,7 @@ class LabConfig:
         >>> LabConfig(async_tp_min_tokens=128, compile_range_split_points=[1024], max_num_tokens=4096).compile_ranges()
         [(1, 127), (128, 1023), (1024, 4096)]
         """
-        starts = sorted({1, self.async_tp_min_tokens, *self.compile_range_split_points})
+        starts = sorted({1, self.async_tp_min_tokens, self.sp_start, *self.compile_range_split_points})
         ends = [s - 1 for s in starts[1:]] + [self.max_num_tokens]
         return list(zip(starts, ends, strict=True))
 
@@ -222,19 +233,29 @@ class LabConfig:
         ranges = self.compile_ranges()
         return ranges[bisect.bisect_right([lo for lo, _ in ranges], num_tokens) - 1]
 
+    @property
+    def sp_start(self) -> int:
+        """The smallest token count SP runs at when enabled (``sp_min_tokens`` or ``async_tp_min_tokens``)."""
+        return self.async_tp_min_tokens if self.sp_min_tokens is None else self.sp_min_tokens
+
+    def _check_range(self, compile_range: tuple[int, int]) -> None:
+        lo, hi = compile_range
+        for name, gate in (("async_tp_min_tokens", self.async_tp_min_tokens), ("sp_min_tokens", self.sp_start)):
+            if lo < gate <= hi:
+                raise ValueError(
+                    f"compile range {compile_range} straddles {name}={gate}; "
+                    f"use a range from compile_ranges(): {self.compile_ranges()}"
+                )
+
     def sp_active_for(self, compile_range: tuple[int, int]) -> bool:
         """Whether SP is applied to the artifact for ``compile_range`` (a member of :meth:`compile_ranges`)."""
-        lo, hi = compile_range
-        if lo < self.async_tp_min_tokens <= hi:
-            raise ValueError(
-                f"compile range {compile_range} straddles async_tp_min_tokens={self.async_tp_min_tokens}; "
-                f"use a range from compile_ranges(): {self.compile_ranges()}"
-            )
-        return self.enable_sp and lo >= self.async_tp_min_tokens
+        self._check_range(compile_range)
+        return self.enable_sp and compile_range[0] >= self.sp_start
 
     def async_tp_active_for(self, compile_range: tuple[int, int]) -> bool:
         """Whether AsyncTP fusion is attempted in the artifact for ``compile_range``."""
-        return self.enable_async_tp and self.sp_active_for(compile_range)
+        return (self.enable_async_tp and self.sp_active_for(compile_range)
+                and compile_range[0] >= self.async_tp_min_tokens)
 
     def resolved_capture_sizes(self) -> list[int]:
         """``cudagraph_capture_sizes``, or the default ladder 1, 2, 4, ..., 512 capped at ``max_num_tokens``."""
@@ -270,40 +291,48 @@ class LabConfig:
                 raise ConfigError(f"heuristic: {e}") from None
         return cls(**kwargs)
 
-    def to_vllm(self) -> dict[str, Any]:
-        """This config as a vLLM ``--compilation-config`` JSON object.
+    def to_vllm(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
+        """This config as a vLLM ``--compilation-config`` object for vLLM release ``version``.
 
-        ``sp_min_token_num`` carries ``async_tp_min_tokens``: vLLM gates SP and AsyncTP at one token
-        threshold, as sp_lab does. sp_lab's per-matmul ``heuristic`` and ``boundary`` have no vLLM
-        equivalent and live only in the ``sp_lab`` section of an exported file.
+        Only field names that release accepts are written (:mod:`sp_lab.vllm_releases` holds the lists,
+        read from vLLM's ``vllm/config/compilation.py``), plus what makes SP run there: the whole graph
+        in one piece (``splitting_ops: []``; a piece-wise graph gets no SP), the threshold as the
+        release can express it (``sp_min_token_num`` and a compile-range boundary, or, before
+        ``sp_min_token_num`` existed, static ``compile_sizes`` from the threshold on) and a
+        CUDA-graph mode that works without piece boundaries (full graphs for decode batches).
+        sp_lab's ``boundary`` and per-matmul ``heuristic`` have no vLLM equivalent; they stay in the
+        file's ``sp_lab`` section. A policy vLLM cannot run (SP before AsyncTP at a second threshold)
+        raises :class:`ConfigError`, as does an unknown ``version`` (the message lists the known ones).
         """
-        if not self.cudagraphs:
-            cudagraph_mode = "NONE"
-        else:
-            cudagraph_mode = "FULL" if self.compile_mode == "full_graph" else "PIECEWISE"
-        return {
-            # Current vLLM names. Older releases spelled these pass_config.enable_sequence_parallelism
-            # and pass_config.enable_async_tp, and had no sp_min_token_num.
-            "pass_config": {
-                "enable_sp": self.enable_sp,
-                "fuse_gemm_comms": self.enable_async_tp,
-                "sp_min_token_num": self.async_tp_min_tokens,
-            },
-            # vLLM spells a full-graph compile as an empty splitting_ops list.
-            "splitting_ops": list(self.splitting_ops) if self.compile_mode == "piecewise" else [],
-            # Empty: compile once per range for symbolic sizes, not once per concrete size.
-            "compile_sizes": [],
-            "cudagraph_mode": cudagraph_mode,
-        }
+        from sp_lab.vllm_releases import NotExpressible, compilation_config
 
-    def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None) -> str:
+        try:
+            return compilation_config(self, version)
+        except (KeyError, NotExpressible) as e:
+            raise ConfigError(f"to_vllm: {e.args[0]}") from None
+
+    def vllm_section(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
+        """The exported file's ``vllm`` section: the release and its ``--compilation-config`` object, or
+        why this config cannot be expressed for it (``not_expressible``)."""
+        from sp_lab.vllm_releases import NotExpressible, compilation_config
+
+        try:
+            return {"release": version, "compilation_config": compilation_config(self, version)}
+        except NotExpressible as e:
+            return {"release": version, "not_expressible": e.args[0]}
+        except KeyError as e:
+            raise ConfigError(f"vllm_section: {e.args[0]}") from None
+
+    def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None,
+                vllm_release: str = DEFAULT_VLLM_RELEASE) -> str:
         """The tuned-config file as JSON text; also written to ``path`` when given.
 
-        ``{"schema": "sp_lab.config/1", "vllm": to_vllm(), "sp_lab": to_dict(), "provenance": {...}}``
+        ``{"schema": "sp_lab.config/1", "vllm": vllm_section(), "sp_lab": to_dict(), "provenance": {...}}``
         (``provenance`` only when given). The ``vllm`` section is derived; :meth:`from_json` reads
         ``sp_lab`` and checks that ``vllm`` still agrees with it.
         """
-        doc: dict[str, Any] = {"schema": SCHEMA, "vllm": self.to_vllm(), "sp_lab": self.to_dict()}
+        doc: dict[str, Any] = {"schema": SCHEMA, "vllm": self.vllm_section(vllm_release),
+                               "sp_lab": self.to_dict()}
         if provenance is not None:
             doc["provenance"] = provenance
         text = json.dumps(doc, indent=2) + "\n"
@@ -335,8 +364,10 @@ def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, An
     if "sp_lab" not in doc:
         raise ConfigError("sp_lab: missing; the 'sp_lab' section holds the LabConfig fields")
     config = LabConfig.from_dict(doc["sp_lab"])
-    if "vllm" in doc:
-        for path, got, want in _diff(doc["vllm"], config.to_vllm(), "vllm"):
+    # A vllm section without "release" was written before sections named their vLLM release; it is
+    # derived from sp_lab and its field names fit no release, so it is not checked.
+    if isinstance(doc.get("vllm"), dict) and "release" in doc["vllm"]:
+        for path, got, want in _diff(doc["vllm"], config.vllm_section(str(doc["vllm"]["release"])), "vllm"):
             raise ConfigError(
                 f"{path}: the file says {got!r} but its sp_lab section gives {want!r}; the vllm section is "
                 "derived from sp_lab -- edit the sp_lab section (or delete the vllm section)"
@@ -366,6 +397,7 @@ def export_tuned_config(
     dtype: Any,
     data_hash: str,
     extra_provenance: dict[str, Any] | None = None,
+    vllm_release: str = DEFAULT_VLLM_RELEASE,
 ) -> Path:
     """Write ``config`` as one JSON file per device, TP size, model shape and dtype; return its path.
 
@@ -400,7 +432,7 @@ def export_tuned_config(
         device_name=device_name, tp_size=config.tp_size, model=str(model_spec["name"]), dtype=dtype_name
     )
     path = directory / name
-    config.to_json(path, provenance=provenance)
+    config.to_json(path, provenance=provenance, vllm_release=vllm_release)
     return path
 
 

@@ -38,18 +38,21 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.store import SweepStore
-from sp_lab.bench.timing import reduce_across_ranks, time_fn
+from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
+from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
 
-VARIANTS = ("baseline", "sp", "sp+async_tp", "tuned")
-"""Every variant :func:`run_sweep` knows (see the module docstring)."""
+if TYPE_CHECKING:
+    from sp_lab.compiler.backend import CompiledModel
+    from sp_lab.compiler.report import CompileReport
+    from sp_lab.config import LabConfig
 
-DEFAULT_VARIANTS = ("baseline", "sp", "sp+async_tp")
+DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
 
 MISSING_SUFFIX = " [fusion missing]"
@@ -57,29 +60,26 @@ MISSING_SUFFIX = " [fusion missing]"
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> Any:
+def variant_config(variant: str, config: LabConfig, *, tp_size: int | None = None) -> LabConfig:
     """The :class:`LabConfig` that ``variant`` measures, derived from ``config`` (which is not changed).
 
     ``tp_size`` (the sweep's world size) overrides ``config.tp_size`` when given. The reference variants
     drop any per-matmul rule (``heuristic=None``) so that "sp+async_tp" really means "fused everywhere".
     """
     tp = {"tp_size": tp_size} if tp_size is not None else {}
-    if variant == "baseline":
-        return dataclasses.replace(config, enable_sp=False, enable_async_tp=False, heuristic=None, **tp)
-    if variant == "sp":
-        return dataclasses.replace(
-            config, enable_sp=True, enable_async_tp=False, async_tp_min_tokens=1, heuristic=None, **tp
-        )
-    if variant == "sp+async_tp":
-        return dataclasses.replace(
-            config, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=1, heuristic=None, **tp
-        )
-    if variant == "tuned":
+    plain = {"heuristic": None, "sp_min_tokens": None, **tp}
+    if variant == BASELINE:
+        return dataclasses.replace(config, enable_sp=False, enable_async_tp=False, **plain)
+    if variant == SP:
+        return dataclasses.replace(config, enable_sp=True, enable_async_tp=False, async_tp_min_tokens=1, **plain)
+    if variant == SP_ASYNC_TP:
+        return dataclasses.replace(config, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=1, **plain)
+    if variant == TUNED:
         return dataclasses.replace(config, **tp)
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
 
 
-def config_hash(config: Any) -> str:
+def config_hash(config: LabConfig) -> str:
     """A short, stable hash of a config's JSON form (12 hex digits): part of a row's resume key."""
     text = json.dumps(config.to_dict(), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -97,7 +97,7 @@ class Expectation:
     """Why an expectation is off where one might assume it on."""
 
 
-def expectation(config: Any, num_tokens: int) -> Expectation:
+def expectation(config: LabConfig, num_tokens: int) -> Expectation:
     """What ``config`` should do at ``num_tokens`` tokens, from the config's own compile-range gates.
 
     SP is expected where :meth:`LabConfig.sp_active_for` says so for the range serving ``num_tokens``
@@ -111,7 +111,7 @@ def expectation(config: Any, num_tokens: int) -> Expectation:
     fusion = bool(config.async_tp_active_for(compile_range))
     note = ""
     if config.enable_sp and not sp:
-        note = f"gated off: {num_tokens} < async_tp_min_tokens={config.async_tp_min_tokens}"
+        note = f"gated off: {num_tokens} < {config.sp_start} (where SP starts)"
     elif fusion and getattr(config, "heuristic", None) is not None:
         fusion, note = False, "per-matmul rule decides fusion"
     return Expectation(sp=sp, fusion=fusion, note=note)
@@ -170,15 +170,6 @@ def _device_count(device: torch.device) -> int:
     return len(set(everyone))
 
 
-def _broadcast(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (identity without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -205,6 +196,8 @@ class SweepResult:
     """Where the rows went."""
     sweep_id: str
     """The ``sweep_id`` of the rows written by this call."""
+    elsewhere: int = 0
+    """Points a concurrent sweep of the same store claimed first and measured (never measured twice)."""
 
     @property
     def fusion_missing(self) -> list[dict[str, Any]]:
@@ -227,7 +220,7 @@ def run_sweep(
     *,
     token_counts: Sequence[int],
     store_dir: str | os.PathLike,
-    config: Any = None,
+    config: LabConfig | None = None,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     tp_size: int | None = None,
     dtype: str | torch.dtype = "float32",
@@ -236,6 +229,9 @@ def run_sweep(
     model_overrides: Mapping[str, Any] | None = None,
     warmup: int = 3,
     repeats: int = 10,
+    max_repeats: int | None = None,
+    ci_width: float = 0.05,
+    budget_s: float | None = None,
     cuda_graph: bool = True,
     seed: int = 0,
     progress: bool = True,
@@ -247,6 +243,13 @@ def run_sweep(
 ) -> SweepResult:
     """Measure forward latency of ``model_name`` for every (variant, token count); call in every rank.
 
+    Variants are measured **interleaved**: at one token count, each variant is called in turn and the
+    order rotates every round, so a machine that slows down for a minute slows every variant alike
+    instead of whichever was being measured in its block. Rounds repeat until the 95% confidence
+    interval of every variant's median is within ``ci_width`` of it (relative full width), after at least
+    ``repeats`` and at most ``max_repeats`` calls, or until this token count's share of ``budget_s`` is
+    spent. A call's latency is that of the slowest rank (the ranks start each call together).
+
     Args:
         model_name: anything :func:`sp_lab.models.build` takes ("toy", a preset, a checkpoint dir).
         token_counts: token counts ``T`` to time; the input is ``input_ids`` of shape ``[T]``.
@@ -257,7 +260,11 @@ def run_sweep(
         tp_size: must equal the world size when given (a check, not a choice: TP spans the whole group).
         dtype, device: of the model; ``device`` defaults to this rank's GPU under NCCL, else the CPU.
         num_layers, model_overrides, seed: passed to the model builder.
-        warmup, repeats: untimed and timed calls per point (after one untimed first call that compiles).
+        warmup: untimed calls per point (after one untimed first call that compiles).
+        repeats, max_repeats: least and most timed calls per point (``max_repeats`` default ``10 * repeats``).
+        ci_width: stop once every median's 95% interval is narrower than this fraction of it.
+        budget_s: seconds of timing for the whole sweep (shared equally by the token counts left);
+            ``None``: no limit but ``max_repeats``.
         cuda_graph: on CUDA, replay a captured graph (falls back to eager, recorded in the row's note).
         progress: a tqdm progress bar on rank 0.
         on_row: called on rank 0 with each row right after it is on disk (e.g. to update a live plot).
@@ -282,6 +289,12 @@ def run_sweep(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown or no variants {unknown or list(variants)}; choose from {VARIANTS}")
+    max_repeats = 10 * repeats if max_repeats is None else max_repeats
+    if max_repeats < repeats or not 0 < ci_width or (budget_s is not None and budget_s <= 0):
+        raise ValueError(
+            f"need max_repeats >= repeats, ci_width > 0 and budget_s > 0 (or None); got max_repeats="
+            f"{max_repeats}, repeats={repeats}, ci_width={ci_width}, budget_s={budget_s}"
+        )
     if config is None:
         from sp_lab.config import LabConfig
 
@@ -296,7 +309,7 @@ def run_sweep(
     device = torch.device(device) if device is not None else _default_device(backend)
     build_fn = build_fn or _default_build
     compile_fn = compile_fn or _default_compile
-    sweep_id = _broadcast(sweep_id or uuid.uuid4().hex)
+    sweep_id = broadcast(sweep_id or uuid.uuid4().hex)
     store = SweepStore(Path(store_dir))
 
     model = build_fn(
@@ -311,7 +324,7 @@ def run_sweep(
     )
     spec = model.spec
     base = {
-        "source": "measured",
+        "source": MEASURED,
         "sweep_id": sweep_id,
         "model": spec.name,
         "hidden_size": spec.hidden_size,
@@ -327,79 +340,87 @@ def run_sweep(
         "warmup": warmup,
     }
 
-    plan = [(v, variant_config(v, config, tp_size=world)) for v in variants]
+    plan = {v: variant_config(v, config, tp_size=world) for v in variants}
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
-    done = _broadcast(store.done_keys(source="measured") if rank == 0 else None)
+    seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
+    done = broadcast(store.done_keys(source=MEASURED) if rank == 0 else None)
 
-    def key(variant: str, cfg: Any, t: int) -> tuple:
-        return (
-            base["model"],
-            base["hidden_size"],
-            base["num_layers"],
-            world,
-            base["dtype"],
-            variant,
-            cfg.boundary,
-            t,
-            base["device_name"],
-            backend,
-            config_hash(cfg),
-        )  # the order of KEY_COLUMNS
+    def key(variant: str, t: int) -> tuple:
+        cfg = plan[variant]
+        values = {**base, "variant": variant, "boundary": cfg.boundary, "num_tokens": t,
+                  "config_hash": config_hash(cfg)}
+        return tuple(values[c] for c in KEY_COLUMNS)
 
-    todo = [(v, cfg, [t for t in tokens if key(v, cfg, t) not in done]) for v, cfg in plan]
-    skipped = len(plan) * len(tokens) - sum(len(ts) for _, _, ts in todo)
-    bar = _progress_bar(total=len(plan) * len(tokens), initial=skipped, enabled=progress and rank == 0)
+    pending = {t: [v for v in variants if key(v, t) not in done] for t in tokens}
+    pending = {t: vs for t, vs in pending.items() if vs}
+    skipped = len(plan) * len(tokens) - sum(len(vs) for vs in pending.values())
+    planned, elsewhere, claims = len(plan) * len(tokens) - skipped, 0, {}
+    if rank == 0:
+        store.record_plan(sweep_id, planned)
+    # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
+    bar = _progress_bar(total=planned, enabled=progress and rank == 0)
     written: list[dict[str, Any]] = []
-    vocab = spec.vocab_size
+    # Every variant with work left is compiled up front: interleaving needs them all at hand.
+    needed = [v for v in variants if any(v in vs for vs in pending.values())]
+    compiled = {v: compile_fn(model, plan[v]) for v in needed}
+    stop = StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
+                     points_left=len(pending))
     try:
-        for variant, cfg, pending in todo:
-            if not pending:
-                continue
-            compiled = compile_fn(model, cfg)
-            chash, cjson = config_hash(cfg), cfg.to_json()
-            for t in pending:
-                if bar is not None:
-                    bar.set_description(f"{variant} T={t}")
-                # same seed on every rank: TP ranks must see the same tokens
-                gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
-                input_ids = torch.randint(0, vocab, (t,), generator=gen).to(device)
-                with torch.no_grad():
-                    compiled(input_ids)  # the first call compiles; never timed
-                    timing = time_fn(
-                        functools.partial(compiled, input_ids),
-                        device=device,
-                        warmup=warmup,
-                        repeats=repeats,
-                        cuda_graph=cuda_graph,
-                    )
-                timing = reduce_across_ranks(timing)
+        for t, todo in pending.items():
+            # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
+            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claimed = broadcast(list(claims) if rank == 0 else None)
+            if len(claimed) < len(todo):
+                elsewhere += len(todo) - len(claimed)
                 if rank == 0:
-                    row = _row(base, variant, cfg, chash, cjson, t, timing, compiled.report)
+                    store.record_plan(sweep_id, planned - elsewhere)
+                if bar is not None:
+                    bar.total = planned - elsewhere
+                    bar.refresh()
+                if not claimed:
+                    stop.points_left -= 1
+                    continue
+            todo = claimed
+            if bar is not None:
+                bar.set_description(f"T={t}: {', '.join(todo)}")
+            # same seed on every rank: TP ranks must see the same tokens
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
+            input_ids = torch.randint(0, spec.vocab_size, (t,), generator=gen).to(device)
+            with torch.no_grad():
+                timings = interleave(
+                    {v: functools.partial(compiled[v], input_ids) for v in todo},
+                    device=device, warmup=warmup, cuda_graph=cuda_graph, stop=stop,
+                )
+            for v in todo:
+                if rank == 0:
+                    row = _row(base, v, plan[v], t, timings[v], compiled[v].report)
                     store.append([row])  # on disk before anyone hears of it
                     written.append(row)
                     if on_row is not None:
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
-            if reports_dir is not None and rank == 0:
-                Path(reports_dir).mkdir(parents=True, exist_ok=True)
-                (Path(reports_dir) / f"{variant}.json").write_text(compiled.report.to_json())
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
+        if reports_dir is not None and rank == 0:
+            Path(reports_dir).mkdir(parents=True, exist_ok=True)
+            for v in needed:
+                (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
+        release_claims(claims)
         if bar is not None:
             bar.close()
-    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id)
+    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
+                       elsewhere=elsewhere)
 
 
 def _row(
     base: dict[str, Any],
     variant: str,
-    cfg: Any,
-    chash: str,
-    cjson: str,
+    cfg: LabConfig,
     num_tokens: int,
-    timing: Any,
-    report: Any,
+    timing: PointTiming,
+    report: CompileReport,
 ) -> dict[str, Any]:
     """One store row: provenance + timing + what the compile report says ran at ``num_tokens``."""
     counts = report.op_counts(num_tokens)
@@ -422,12 +443,10 @@ def _row(
         "enable_sp": bool(cfg.enable_sp),
         "enable_async_tp": bool(cfg.enable_async_tp),
         "async_tp_min_tokens": int(cfg.async_tp_min_tokens),
-        "config_hash": chash,
-        "config_json": cjson,
-        "latency_us": timing.median_us,
-        "p10_us": timing.p10_us,
-        "p90_us": timing.p90_us,
-        "repeats": timing.repeats,
+        "config_hash": config_hash(cfg),
+        "config_json": cfg.to_json(),
+        **timing.summary(),
+        "repeats": len(timing.samples_us),
         "timing_method": timing.method,
         "sp_rewrites": rewrites,
         "n_all_reduce": int(counts.get("all_reduce", 0)),
@@ -443,12 +462,14 @@ def _row(
     }
 
 
-def _progress_bar(*, total: int, initial: int, enabled: bool):
+def _progress_bar(*, total: int | None, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="pt", desc="sweep", dynamic_ncols=True)
+    # A point's time is mostly the compile of its range on first use, then seconds: weigh the latest
+    # intervals (smoothing 0.9, tqdm's default 0.3) so one compile does not drive the ETA for long.
+    return tqdm(total=total, unit="pt", desc="sweep", dynamic_ncols=True, smoothing=0.9)
 
 
 def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
@@ -457,7 +478,7 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
     return build(model_name, **kwargs)
 
 
-def _default_compile(model: torch.nn.Module, config: Any) -> Any:
+def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
     import sp_lab
 
     return sp_lab.compile(model, config)
@@ -510,12 +531,20 @@ def launch_sweep(
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
-    total = len(list(variants)) * len(_check_token_counts(token_counts))
-    bar = _progress_bar(total=total, initial=0, enabled=progress)
+    _check_token_counts(token_counts)
+    # The total is what rank 0 plans to measure (after resume, minus points a concurrent sweep takes),
+    # read from the store as it says; unknown until the ranks are up.
+    bar = _progress_bar(total=None, enabled=progress)
     stop = threading.Event()
     watcher_error: list[BaseException] = []
 
     def deliver() -> None:
+        planned = store.planned_points(sweep_id) if bar is not None else None
+        if planned is not None and planned != bar.total:
+            if bar.total is None:
+                bar.reset(total=planned)  # the clock starts when measuring starts, not at rank start-up
+            bar.total = planned
+            bar.refresh()
         new = store.read_new(seen)
         for row in new.filter(new["sweep_id"] == sweep_id).iter_rows(named=True):
             if bar is not None:
@@ -552,6 +581,7 @@ def launch_sweep(
         thread.join()
         if not watcher_error:
             deliver()  # rows that landed after the watcher's last look
+        store.forget_plan(sweep_id)
         if bar is not None:
             bar.close()
     if watcher_error:
@@ -559,4 +589,6 @@ def launch_sweep(
     result: SweepResult = results[0]
     if bar is not None and result.skipped:
         print(f"resumed: {result.skipped} point(s) already in {store.path} were not measured again")
+    if bar is not None and result.elsewhere:
+        print(f"{result.elsewhere} point(s) were measured by a concurrent sweep of {store.path}, not here")
     return result

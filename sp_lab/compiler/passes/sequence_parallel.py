@@ -27,6 +27,7 @@ by a later one), ``last`` (joins an earlier residual; only its normed output is 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ from torch import fx
 
 from sp_lab.compiler.passes.boundary import BoundaryEvents, BoundaryPolicy
 from sp_lab.compiler.passes.graph_builder import GraphBuilder, is_tensor_node, same_size
+from sp_lab.compiler.report import SPRewrite
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -62,12 +64,12 @@ VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 class SPResult:
     """What the SP rewrite did to one graph."""
 
-    rewrites: list[dict] = field(default_factory=list)  # {"all_reduce": name, "form": first|middle|last}
+    rewrites: list[SPRewrite] = field(default_factory=list)
     boundary: BoundaryEvents = field(default_factory=BoundaryEvents)
     added: list[str] = field(default_factory=list)
 
     def count(self, form: str) -> int:
-        return sum(r["form"] == form for r in self.rewrites)
+        return sum(r.form == form for r in self.rewrites)
 
 
 def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
@@ -226,7 +228,7 @@ class _Rewriter:
         flat = x
         if t and x.target in VIEWS and len(x.users) == 1 and self._tdim(x.args[0].meta["val"]) == 0:
             flat = x.args[0]  # F.linear on [1, N, H]: reduce-scatter the mm's [N, H] output itself
-        with self.graph.inserting_before(wait):
+        with self.graph.inserting_before(wait), self.b.standing_for(wait):
             if flat.target in (aten.mm.default, aten.addmm.default) and len(flat.users) == 1 and self.needs_pad:
                 # Pad the matmul's rows instead of its output so that mm -> reduce_scatter stays fusable.
                 with self.graph.inserting_before(flat):
@@ -243,7 +245,7 @@ class _Rewriter:
                 shard = self.b.view(shard, [1] * t + [self.chunk, *self._rest(x, t)])
             self.shard[wait] = shard
         self.lineage[wait] = frozenset({index})
-        self.result.rewrites.append({"all_reduce": all_reduce.name, "form": "first"})
+        self.result.rewrites.append(SPRewrite(all_reduce.name, "first"))
 
     def _shard_token_local(self, node: fx.Node) -> None:
         right = self._right(node)
@@ -255,7 +257,7 @@ class _Rewriter:
                 return self._shard_of_full(arg)
             return arg
 
-        with self.graph.inserting_before(node):
+        with self.graph.inserting_before(node), self.b.standing_for(node):
             if node.target in VIEWS:
                 shape = list(node.args[1])
                 shape[self._tdim(node.meta["val"])] = self.chunk
@@ -274,7 +276,7 @@ class _Rewriter:
         self.lineage[node] = merged
 
     def _rewrite_consumer(self, node: fx.Node) -> None:
-        with self.graph.inserting_before(node):
+        with self.graph.inserting_before(node), self.b.standing_for(node):
             if node.target in (aten.mm.default, aten.addmm.default):
                 a_index = 0 if node.target is aten.mm.default else 1
                 a = node.args[a_index]
@@ -327,9 +329,10 @@ class _Rewriter:
                     self._shard_token_local(node)
                 else:
                     self._rewrite_consumer(node)
-        for i, rewrite in enumerate(self.result.rewrites):
-            if i in self.joined_earlier:
-                rewrite["form"] = "middle" if i in self.joined_later else "last"
+        self.result.rewrites = [
+            dataclasses.replace(r, form="middle" if i in self.joined_later else "last") if i in self.joined_earlier else r
+            for i, r in enumerate(self.result.rewrites)
+        ]
         self.graph.eliminate_dead_code()
         # wait_tensor counts as side-effecting for FX's dead-code elimination: drop the replaced pairs by hand.
         for wait in site_waits:
