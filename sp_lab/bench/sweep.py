@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,11 @@ import torch.distributed as dist
 from sp_lab.bench.store import KEY_COLUMNS, SweepStore
 from sp_lab.bench.timing import CallSampler, median_ci
 from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
+
+if TYPE_CHECKING:
+    from sp_lab.compiler.backend import CompiledModel
+    from sp_lab.compiler.report import CompileReport
+    from sp_lab.config import LabConfig
 
 DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
@@ -60,7 +65,7 @@ MISSING_SUFFIX = " [fusion missing]"
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> Any:
+def variant_config(variant: str, config: LabConfig, *, tp_size: int | None = None) -> LabConfig:
     """The :class:`LabConfig` that ``variant`` measures, derived from ``config`` (which is not changed).
 
     ``tp_size`` (the sweep's world size) overrides ``config.tp_size`` when given. The reference variants
@@ -79,7 +84,7 @@ def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> 
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
 
 
-def config_hash(config: Any) -> str:
+def config_hash(config: LabConfig) -> str:
     """A short, stable hash of a config's JSON form (12 hex digits): part of a row's resume key."""
     text = json.dumps(config.to_dict(), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -97,7 +102,7 @@ class Expectation:
     """Why an expectation is off where one might assume it on."""
 
 
-def expectation(config: Any, num_tokens: int) -> Expectation:
+def expectation(config: LabConfig, num_tokens: int) -> Expectation:
     """What ``config`` should do at ``num_tokens`` tokens, from the config's own compile-range gates.
 
     SP is expected where :meth:`LabConfig.sp_active_for` says so for the range serving ``num_tokens``
@@ -229,7 +234,7 @@ def run_sweep(
     *,
     token_counts: Sequence[int],
     store_dir: str | os.PathLike,
-    config: Any = None,
+    config: LabConfig | None = None,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     tp_size: int | None = None,
     dtype: str | torch.dtype = "float32",
@@ -540,10 +545,10 @@ def _slowest_rank(mine: dict[str, float]) -> dict[str, float]:
 def _row(
     base: dict[str, Any],
     variant: str,
-    cfg: Any,
+    cfg: LabConfig,
     num_tokens: int,
     timing: PointTiming,
-    report: Any,
+    report: CompileReport,
 ) -> dict[str, Any]:
     """One store row: provenance + timing + what the compile report says ran at ``num_tokens``."""
     counts = report.op_counts(num_tokens)
@@ -601,7 +606,7 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
     return build(model_name, **kwargs)
 
 
-def _default_compile(model: torch.nn.Module, config: Any) -> Any:
+def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
     import sp_lab
 
     return sp_lab.compile(model, config)

@@ -7,12 +7,12 @@ a laptop with no compiler, no GPU and no torch.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from sp_lab.compiler.report import CompileReport
 
 __all__ = ["SCHEMA_PREFIX", "as_report", "load_report", "resolve_range", "to_plain"]
 
@@ -34,19 +34,9 @@ def _record(value: Any, key: str | None = None) -> Any:
 
 
 def load_report(path: str | Path) -> SimpleNamespace:
-    """Read a CompileReport saved as JSON (``report.to_json()``; ``.json.gz`` too) and check its schema tag."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no CompileReport at {str(path)!r}; save one with "
-                                f"Path(p).write_text(compiled.report.to_json())")
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a CompileReport's JSON ({err}); write one with report.to_json(path)") from None
-    return as_report(data)
+    """Read a CompileReport saved as JSON (``report.to_json(path)``; ``.json.gz`` too) through the compiler's
+    one strict loader (:meth:`CompileReport.load`: every field checked, older schemas migrated)."""
+    return as_report(CompileReport.load(path))
 
 
 def as_report(report: Any) -> SimpleNamespace:
