@@ -189,19 +189,25 @@ def infer_modules(nodes: Sequence[Any], preds: Mapping[str, Sequence[str]],
         elif pool.get(n.target):
             out[n.name] = (pool[n.target].pop(0), True)
         else:
-            # An input with a module of its own (a weight's permute names the matmul) beats an inferred one.
+            # An input with a module of its own beats an inferred one; a matmul (plain or fused) takes its
+            # weight's, the last operand (mm(A, B), fused_all_gather_matmul(A, [B])), whose permute names the layer.
             known = [out[p] for p in preds.get(n.name, ()) if out.get(p, (None,))[0]]
+            if n.kind in ("matmul", "fused"):
+                known.reverse()
             inherited = next((m for m, inferred in known if not inferred), known[0][0] if known else None)
             out[n.name] = (inherited, inherited is not None)
     return out
 
 
 def collapse(snapshot: Any, changed: Iterable[str] = (), *, keep: Iterable[str] | None = None,
-             modules: Mapping[str, tuple[str | None, bool]] | None = None) -> PieceGraph:
+             modules: Mapping[str, tuple[str | None, bool]] | None = None,
+             input_names: Mapping[str, str] | None = None) -> PieceGraph:
     """Collapse a graph snapshot (``.nodes``, ``.edges``) into a :class:`PieceGraph`.
 
     ``changed``: FX names the passes added or removed (their runs are marked). ``keep``: draw only these FX
     names (a diff region's neighbourhood). ``modules``: precomputed :func:`infer_modules` of the whole graph.
+    ``input_names``: the model's name for a graph input that crossed a boundary (``arg3_1`` -> ``residual``),
+    shown instead of the FX name.
     """
     by_name = {n.name: n for n in snapshot.nodes}
     preds: dict[str, list[str]] = defaultdict(list)
@@ -265,7 +271,8 @@ def collapse(snapshot: Any, changed: Iterable[str] = (), *, keep: Iterable[str] 
         sources = tuple(dict.fromkeys(m.source for m in members if getattr(m, "source", None)))
         kind = min((m.kind for m in members), key=lambda k: KIND_PRIORITY.index(k) if k in KIND_PRIORITY else 99)
         nodes.append(GraphNode(
-            id=root, kind=kind, members=tuple(m.name for m in members), ops=tuple(short_op(m.target) for m in members),
+            id=root, kind=kind, members=tuple(m.name for m in members),
+            ops=tuple((input_names or {}).get(m.name) or short_op(m.target) for m in members),
             module=module, module_inferred=inferred, shape=tuple(last.shape or ()), dtype=last.dtype,
             sources=sources, reads=tuple(dict.fromkeys(reads)), changed=any(m.name in changed for m in members)))
     return PieceGraph(nodes=tuple(nodes), edges=tuple(edges))

@@ -64,14 +64,14 @@ def tensor_links(report: Any, range_index: int | None, boundary_index: int, tens
     t = boundary.tensors[tensor_index]
     pieces = {p.index: p for p in rng.pieces}
     # Reports of schema 2 say which output made it and which inputs read it; older ones are matched by shape.
-    exact = getattr(t, "producer_output", None) is not None and bool(getattr(t, "consumer_inputs", ()))
+    exact = t.producer_output is not None and bool(t.consumer_inputs)
     want = (tuple(t.shape_after or ()), t.dtype)
 
     def fits(node: Any) -> bool:
         return (tuple(node.shape or ()), node.dtype) == want
 
     producers: list[NodeRef] = []
-    made_in = t.producer_piece if exact and getattr(t, "producer_piece", None) is not None else boundary.after_piece
+    made_in = t.producer_piece if exact and t.producer_piece is not None else boundary.after_piece
     producer = pieces.get(made_in)
     graph = producer and (producer.graph_after or producer.graph_before)
     if graph is not None:
