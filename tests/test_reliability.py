@@ -95,11 +95,6 @@ LEDGER: collections.Counter = collections.Counter()
 """faults_injected, bad_inputs, rows_before_faults, rows_lost: the figures of the closing note."""
 
 
-def _unclear(owner: str, why: str):
-    """A known-unclear error elsewhere in sp_lab: a strict xfail, so the fix turns it into a failure to remove."""
-    return pytest.mark.xfail(strict=True, reason=f"{owner}: {why} (reported to the lead)")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def print_figures():
     yield
@@ -655,7 +650,7 @@ def test_a_file_that_is_not_a_json_object_gets_a_clear_error(tmp_path, reader, c
     # Clear: sp_lab's own words about JSON or what was expected, not a decoder's internals.
     assert not isinstance(error, (UnicodeDecodeError, json.JSONDecodeError)), repr(error)
     assert re.search(r"JSON|expected", str(error)), str(error)
-    if content != "array" and reader in ("LabConfig.from_json", "MatmulRule.from_json"):
+    if content != "array":
         assert path.name in str(error), str(error)  # which of the files you were sent is broken
 
 

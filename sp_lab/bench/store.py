@@ -47,7 +47,7 @@ from pathlib import Path
 
 import polars as pl
 
-from sp_lab.vocabulary import SOURCES
+from sp_lab.vocabulary import MEASURED, SOURCES
 
 SCHEMA_VERSION = 2
 """Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with.
@@ -213,6 +213,12 @@ class PointClaim:
         if self.fd is not None:
             os.close(self.fd)  # closing the last descriptor drops the flock
             self.fd = None
+
+
+def release_claims(claims: Mapping[str, PointClaim]) -> None:
+    """Release every claim of :meth:`SweepStore.claim_points` (releasing twice is harmless)."""
+    for claim in claims.values():
+        claim.release()
 
 
 def new_row_id() -> str:
@@ -428,6 +434,20 @@ class SweepStore:
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.encode(), 0)
         return PointClaim(path=path, fd=fd)
+
+    def claim_points(self, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict[str, PointClaim]:
+        """Claims on those of ``keys`` (name -> point key) that no measured row and no live sweep covers.
+
+        ``done`` (keys with a measured row) is brought up to date from the parts not in ``seen`` *after*
+        claiming: a sweep appends its row before releasing its claim, so a point claimed here either has
+        no row yet or a row this read sees. Both sets are updated in place.
+        """
+        claims = {name: c for name, k in keys.items() if k not in done and (c := self.claim(k)) is not None}
+        new = self.read_new(seen)
+        done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
+        for name in [name for name in claims if keys[name] in done]:
+            claims.pop(name).release()
+        return claims
 
     def record_plan(self, sweep_id: str, points: int) -> None:
         """Say how many points sweep ``sweep_id`` is going to measure (read by a watcher's progress bar)."""

@@ -34,9 +34,7 @@ import json
 import os
 import platform
 import socket
-import statistics
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.store import KEY_COLUMNS, SweepStore
-from sp_lab.bench.timing import CallSampler, median_ci
+from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
 
 if TYPE_CHECKING:
@@ -56,9 +54,6 @@ if TYPE_CHECKING:
 
 DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
-
-CI_LEVEL = 0.95
-"""Confidence level of the interval recorded around every median (``ci_low_us`` / ``ci_high_us``)."""
 
 MISSING_SUFFIX = " [fusion missing]"
 """Appended to ``reported_variant`` when the variant's transformation did not run."""
@@ -173,15 +168,6 @@ def _device_count(device: torch.device) -> int:
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return len(set(everyone))
-
-
-def _broadcast(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (identity without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -323,7 +309,7 @@ def run_sweep(
     device = torch.device(device) if device is not None else _default_device(backend)
     build_fn = build_fn or _default_build
     compile_fn = compile_fn or _default_compile
-    sweep_id = _broadcast(sweep_id or uuid.uuid4().hex)
+    sweep_id = broadcast(sweep_id or uuid.uuid4().hex)
     store = SweepStore(Path(store_dir))
 
     model = build_fn(
@@ -358,7 +344,7 @@ def run_sweep(
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
     seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
-    done = _broadcast(store.done_keys(source=MEASURED) if rank == 0 else None)
+    done = broadcast(store.done_keys(source=MEASURED) if rank == 0 else None)
 
     def key(variant: str, t: int) -> tuple:
         cfg = plan[variant]
@@ -378,13 +364,13 @@ def run_sweep(
     # Every variant with work left is compiled up front: interleaving needs them all at hand.
     needed = [v for v in variants if any(v in vs for vs in pending.values())]
     compiled = {v: compile_fn(model, plan[v]) for v in needed}
-    stop = _StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
+    stop = StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
                      points_left=len(pending))
     try:
         for t, todo in pending.items():
             # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
-            claims = _claim_points(store, {v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
-            claimed = _broadcast(list(claims) if rank == 0 else None)
+            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claimed = broadcast(list(claims) if rank == 0 else None)
             if len(claimed) < len(todo):
                 elsewhere += len(todo) - len(claimed)
                 if rank == 0:
@@ -402,7 +388,7 @@ def run_sweep(
             gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
             input_ids = torch.randint(0, spec.vocab_size, (t,), generator=gen).to(device)
             with torch.no_grad():
-                timings = _interleave(
+                timings = interleave(
                     {v: functools.partial(compiled[v], input_ids) for v in todo},
                     device=device, warmup=warmup, cuda_graph=cuda_graph, stop=stop,
                 )
@@ -415,131 +401,17 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
-            _release(claims)  # after the rows are on disk: whoever claims next sees them
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
         if reports_dir is not None and rank == 0:
             Path(reports_dir).mkdir(parents=True, exist_ok=True)
             for v in needed:
                 (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
-        _release(claims)
+        release_claims(claims)
         if bar is not None:
             bar.close()
     return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
                        elsewhere=elsewhere)
-
-
-def _claim_points(store: SweepStore, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict:
-    """Rank 0: claims on the points ``keys`` (variant -> resume key) that no row and no live sweep covers.
-
-    Rows appended since the sweep started (by a concurrent sweep) are added to ``done`` after claiming:
-    a sweep appends its row before releasing its claim, so a point claimed here has either no row yet or
-    a row this read sees.
-    """
-    claims = {v: c for v, k in keys.items() if k not in done and (c := store.claim(k)) is not None}
-    new = store.read_new(seen)
-    done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
-    for v in [v for v in claims if keys[v] in done]:
-        claims.pop(v).release()
-    return claims
-
-
-def _release(claims: Mapping[str, Any]) -> None:
-    for claim in claims.values():
-        claim.release()
-
-
-@dataclasses.dataclass(frozen=True)
-class PointTiming:
-    """What :func:`_interleave` measured for one variant at one token count (step latencies, us)."""
-
-    samples_us: tuple[float, ...]
-    """One per call: the slowest rank's time for that call."""
-    method: str
-    """How the calls were timed (``perf_counter``, ``cuda_events``, ``cuda_graph``)."""
-    note: str
-    """Timing fallbacks (e.g. why CUDA-graph capture failed) and why the rounds stopped."""
-
-    def summary(self) -> dict[str, float]:
-        """median, p10, p90 and the median's 95% interval, as row columns."""
-        ordered = sorted(self.samples_us)
-        deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
-        lo, hi = median_ci(ordered, CI_LEVEL)
-        return {"latency_us": statistics.median(ordered), "p10_us": deciles[0], "p90_us": deciles[-1],
-                "ci_low_us": lo, "ci_high_us": hi}
-
-
-@dataclasses.dataclass
-class _StopRule:
-    """When a token count's interleaved rounds stop: narrow enough intervals, or its share of the budget."""
-
-    repeats: int
-    max_repeats: int
-    ci_width: float
-    budget_s: float | None
-    points_left: int
-    spent_s: float = 0.0
-
-    def share_s(self) -> float | None:
-        """Seconds this token count may spend (the budget left, shared by the token counts left)."""
-        if self.budget_s is None:
-            return None
-        return max(self.budget_s - self.spent_s, 0.0) / max(self.points_left, 1)
-
-    def reason(self, samples: Mapping[str, list[float]], elapsed_s: float, share_s: float | None) -> str | None:
-        """Why to stop now, or ``None`` to go on."""
-        n = min(len(s) for s in samples.values())
-        if n < self.repeats:
-            return None
-        widths = []
-        for s in samples.values():
-            lo, hi = median_ci(s, CI_LEVEL)
-            widths.append((hi - lo) / statistics.median(s))
-        if max(widths) <= self.ci_width:
-            return f"intervals within {self.ci_width:.0%} of the medians after {n} rounds"
-        if n >= self.max_repeats:
-            return f"max_repeats={self.max_repeats} reached; widest interval {max(widths):.0%} of its median"
-        if share_s is not None and elapsed_s >= share_s:
-            return f"time budget spent after {n} rounds; widest interval {max(widths):.0%} of its median"
-        return None
-
-
-def _interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.device, warmup: int,
-                cuda_graph: bool, stop: _StopRule) -> dict[str, PointTiming]:
-    """Time ``calls`` (variant -> callable at one token count) in rotating turns until ``stop`` says so.
-
-    Collective: every rank calls it with the same variants. Each round times one call of every variant,
-    the order shifted by one each round; the slowest rank's time per call is the step's. Rank 0's clock
-    and decision are broadcast, so every rank leaves the loop after the same round.
-    """
-    names = list(calls)
-    for fn in calls.values():
-        fn()  # the first call compiles the range; never timed
-    samplers = {v: CallSampler(fn, device=device, warmup=warmup, cuda_graph=cuda_graph)
-                for v, fn in calls.items()}
-    steps: dict[str, list[float]] = {v: [] for v in names}
-    share, start, rounds, why = stop.share_s(), time.monotonic(), 0, None
-    while why is None:
-        order = names[rounds % len(names):] + names[:rounds % len(names)]
-        mine = {v: samplers[v].sample() for v in order}
-        for v, us in _slowest_rank(mine).items():
-            steps[v].append(us)
-        rounds += 1
-        why = _broadcast(stop.reason(steps, time.monotonic() - start, share))
-    for sampler in samplers.values():
-        sampler.finish()
-    stop.spent_s += time.monotonic() - start
-    stop.points_left -= 1
-    return {v: PointTiming(samples_us=tuple(steps[v]), method=samplers[v].method,
-                           note="; ".join(n for n in (samplers[v].note, why) if n)) for v in names}
-
-
-def _slowest_rank(mine: dict[str, float]) -> dict[str, float]:
-    """Per variant, the largest of the ranks' times for this round's call (identity without a group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return mine
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return {v: max(r[v] for r in everyone) for v in mine}
 
 
 def _row(

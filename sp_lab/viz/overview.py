@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sp_lab.compiler.report import (
     COLLECTIVE_KEYS,
@@ -19,9 +19,13 @@ from sp_lab.compiler.report import (
     OP_KEYS,
     BoundaryCrossing,
     CountKey,
+    PieceRecord,
     RangeReport,
 )
 from sp_lab.viz.report_input import as_report, range_label, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = [
     "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark", "OverviewData", "PieceBox", "PieceGroup",
@@ -306,7 +310,7 @@ def _expanded_ids(groups: Sequence[PieceGroup], expand: bool | Iterable[str]) ->
     return wanted
 
 
-def _piece(p: Any) -> PieceBox:
+def _piece(p: PieceRecord) -> PieceBox:
     after = p.op_counts_after or {}
     return PieceBox(
         index=p.index, name=p.name, kind=p.kind, op=p.op, fingerprint=p.fingerprint,
@@ -316,7 +320,7 @@ def _piece(p: Any) -> PieceBox:
         matches={k: int(p.matches.get(k, 0)) for k in MATCH_KEYS}, n_changed=len(p.changed))
 
 
-def overview_data(report: Any, range_index: int | None = None, *, max_period: int = 4,
+def overview_data(report: ReportSource, range_index: int | None = None, *, max_period: int = 4,
                   min_repeats: int = 2) -> OverviewData:
     """Pieces, boundaries, failures and erased copies of one range, with identical layers grouped.
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.compiler.report import COLLECTIVE_KEYS, CountKey, GraphSnapshot, RangeReport
+from sp_lab.compiler.report import COLLECTIVE_KEYS, CountKey, GraphSnapshot, NodeRecord, RangeReport
 from sp_lab.viz.overview import OP_ABBREVIATIONS, PieceBox, overview_data
 from sp_lab.viz.piece_graph import PieceGraph, collapse, infer_modules, is_folded, short_op
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["DiffRegion", "PieceDiffData", "diff_regions", "piece_diff_data"]
 
@@ -79,7 +82,7 @@ class PieceDiffData:
     """Columns op, before, after, delta."""
 
 
-def _adjacency(snapshot: Any) -> dict[str, set[str]]:
+def _adjacency(snapshot: GraphSnapshot) -> dict[str, set[str]]:
     adj: dict[str, set[str]] = defaultdict(set)
     for a, b in snapshot.edges:
         adj[a].add(b)
@@ -87,8 +90,8 @@ def _adjacency(snapshot: Any) -> dict[str, set[str]]:
     return adj
 
 
-def _title(removed: Sequence[Any], added: Sequence[Any], *, boundary: bool) -> str:
-    def counts(nodes: Sequence[Any]) -> str:
+def _title(removed: Sequence[NodeRecord], added: Sequence[NodeRecord], *, boundary: bool) -> str:
+    def counts(nodes: Sequence[NodeRecord]) -> str:
         c = Counter(k for k in (_op_key(n.target) for n in nodes) if k)
         return ", ".join(f"{c[k]} {OP_ABBREVIATIONS[k]}" for k in (*COLLECTIVE_KEYS, CountKey.MM) if c[k]) or f"{len(nodes)} ops"
 
@@ -106,7 +109,7 @@ def _title(removed: Sequence[Any], added: Sequence[Any], *, boundary: bool) -> s
     return f"{passes}{where}: {counts(removed)} → {counts(added)}"
 
 
-def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequence[str], *,
+def diff_regions(before: GraphSnapshot, after: GraphSnapshot, removed: Sequence[str], added: Sequence[str], *,
                  input_names: dict[str, str] | None = None) -> tuple[DiffRegion, ...]:
     """Group the removed and added FX nodes into rewritten neighbourhoods (see the module docstring)."""
     before_by = {n.name: n for n in before.nodes}
@@ -180,7 +183,7 @@ def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequenc
     return tuple(regions)
 
 
-def piece_diff_data(report: Any, range_index: int | None = None, piece_index: int = 0) -> PieceDiffData:
+def piece_diff_data(report: ReportSource, range_index: int | None = None, piece_index: int = 0) -> PieceDiffData:
     """The graph of one piece before and after the passes, collapsed for drawing, with the rewritten regions."""
     report = as_report(report)
     ri = resolve_range(report, range_index)

@@ -8,10 +8,17 @@ explored on a laptop with no compiler run and no GPU.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sp_lab.compiler.report import CompileReport, RangeReport
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    ReportSource: TypeAlias = CompileReport | Mapping[str, Any] | str | Path
+    """What every view accepts: the compiler's report, its dict, or a path to its JSON."""
 
 __all__ = ["as_report", "load_report", "range_label", "resolve_range"]
 
@@ -22,14 +29,14 @@ def load_report(path: str | Path) -> CompileReport:
     return CompileReport.load(path)
 
 
-def as_report(report: Any) -> CompileReport:
+def as_report(report: ReportSource) -> CompileReport:
     """The report as records, given a path to its JSON, its dict, or the compiler's object."""
     if isinstance(report, CompileReport):
         out = report
     elif isinstance(report, (str, Path)):
         out = load_report(report)
-    elif isinstance(report, dict):
-        out = CompileReport.from_dict(report)
+    elif isinstance(report, Mapping):
+        out = CompileReport.from_dict(dict(report))
     else:
         raise TypeError(f"expected a CompileReport, its dict or a path to its JSON; got {type(report).__name__}")
     if not out.ranges:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from sp_lab.compiler.report import COLLECTIVE_KEYS, MATCH_KEYS
 from sp_lab.viz.report_input import as_report
 
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
+
 __all__ = ["piece_table", "range_table"]
 
 
-def piece_table(report: Any) -> pl.DataFrame:
+def piece_table(report: ReportSource) -> pl.DataFrame:
     """One row per (range, piece): matches per pass, op counts before/after, compile time, cache hit.
 
     Columns: range, lo, hi, boundary, piece, name, kind, op, compile_time_s, cache_hit,
@@ -41,12 +44,13 @@ def piece_table(report: Any) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def range_table(report: Any) -> pl.DataFrame:
+def range_table(report: ReportSource) -> pl.DataFrame:
     """One row per compile range: token span (and the one token count of a graph Dynamo specialised), passes on,
     strategy, compiled, time, failures, safety."""
     report = as_report(report)
     return pl.DataFrame([{
-        "range": i, "lo": r.lo, "hi": r.hi, "static_tokens": r.static_tokens, "enable_sp": bool(r.enable_sp), "enable_async_tp": bool(r.enable_async_tp),
+        "range": i, "lo": r.lo, "hi": r.hi, "static_tokens": r.static_tokens, "enable_sp": bool(r.enable_sp),
+        "enable_async_tp": bool(r.enable_async_tp),
         "boundary": r.boundary, "compile_mode": r.compile_mode, "compiled": bool(r.compiled),
         "compile_time_s": r.compile_time_s, "pieces": len(r.pieces), "failures": len(r.failures),
         "erased_copies": len(r.erased_copies), "numerically_unsafe": bool(r.numerically_unsafe),

@@ -50,6 +50,10 @@ PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map
 def lab(tmp_path):
     """(base URL, token, notebook name) of a JupyterLab serving a copy of notebook 3."""
     require_browser()
+    # no "receive official Jupyter news?" toast over the widget (and its screenshot)
+    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')
     with serve_notebook(NOTEBOOK, tmp_path) as served:
         yield served
 
@@ -78,8 +82,6 @@ def _expected(plot: list[dict], selected: dict) -> dict[int, float]:
     threshold = selected["threshold"]
     runs = {x: below if threshold == "never" or x < int(threshold) else above for x in _gated(plot)}
     return {x: latency[v][x] for x, v in runs.items()}
-
-
 
 
 def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
@@ -130,16 +132,23 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                             break
                 assert ok, f"after {key}: the curve {_gated(plot)} is not what {selected} runs: {_expected(plot, selected)}"
 
-            no_news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
-            if no_news.count():
-                no_news.first.click()
+            page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
+            page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
             tuner = page.locator(".jp-OutputArea-output .widget-vbox").first
-            tuner.scroll_into_view_if_needed()
+            tuner.evaluate("el => el.scrollIntoView({block: 'center'})")
+            time.sleep(1)
             artifacts = ROOT / "artifacts"
             artifacts.mkdir(exist_ok=True)
             tuner.screenshot(path=str(artifacts / "tuner.png"))
             if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
                 (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
                 shutil.copy(artifacts / "tuner.png", ROOT / "docs" / "img" / "tuner.png")
+        except AssertionError as failure:  # keep what the browser showed and what the server said
+            artifacts = ROOT / "artifacts"
+            artifacts.mkdir(exist_ok=True)
+            page.screenshot(path=str(artifacts / "tuner_failure.png"), full_page=True)
+            log = (tmp_path / "jupyterlab.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{failure}\n(page: artifacts/tuner_failure.png; JupyterLab log tail:\n{log})") \
+                from failure
         finally:
             browser.close()
