@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from sp_lab.viz.overview import COLLECTIVE_KEYS, OP_ABBREVIATIONS, PieceBox, RangeSummary, overview_data
 from sp_lab.viz.piece_graph import PieceGraph, collapse, infer_modules, is_folded, short_op
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["DiffRegion", "PieceDiffData", "diff_regions", "piece_diff_data"]
 
@@ -176,7 +179,7 @@ def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequenc
     return tuple(regions)
 
 
-def piece_diff_data(report: Any, range_index: int | None = None, piece_index: int = 0) -> PieceDiffData:
+def piece_diff_data(report: ReportSource, range_index: int | None = None, piece_index: int = 0) -> PieceDiffData:
     """The graph of one piece before and after the passes, collapsed for drawing, with the rewritten regions."""
     report = as_report(report)
     ri = resolve_range(report, range_index)

@@ -10,9 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sp_lab.compiler.report import CompileReport
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    ReportSource: TypeAlias = CompileReport | Mapping[str, Any] | str | Path | SimpleNamespace
+    """What every view accepts: the compiler's report, its dict, a path to its JSON, or as_report's result."""
 
 __all__ = ["SCHEMA_PREFIX", "as_report", "load_report", "resolve_range", "to_plain"]
 
@@ -39,7 +45,7 @@ def load_report(path: str | Path) -> SimpleNamespace:
     return as_report(CompileReport.load(path))
 
 
-def as_report(report: Any) -> SimpleNamespace:
+def as_report(report: ReportSource) -> SimpleNamespace:
     """The report as read-only records, given a path to its JSON, its dict, or an object with ``to_dict()``."""
     if isinstance(report, SimpleNamespace) and hasattr(report, "ranges"):
         return report
@@ -71,7 +77,7 @@ def resolve_range(report: SimpleNamespace, range_index: int | None) -> int:
     return range_index % len(ranges)
 
 
-def to_plain(report: Any) -> dict:
+def to_plain(report: ReportSource) -> dict:
     """The report as plain JSON-able data again (for torch's structured trace)."""
     def plain(value: Any) -> Any:
         if isinstance(value, SimpleNamespace):

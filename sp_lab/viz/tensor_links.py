@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sp_lab.viz.overview import format_shape
 from sp_lab.viz.piece_graph import short_op
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["NodeRef", "TensorLinks", "tensor_links"]
 
@@ -52,7 +55,7 @@ def _ref(piece: int, node: Any) -> NodeRef:
                    shape=tuple(node.shape or ()))
 
 
-def tensor_links(report: Any, range_index: int | None, boundary_index: int, tensor_index: int) -> TensorLinks:
+def tensor_links(report: ReportSource, range_index: int | None, boundary_index: int, tensor_index: int) -> TensorLinks:
     """Producers and consumers of tensor ``tensor_index`` of boundary ``boundary_index``, in the graphs after the
     passes."""
     report = as_report(report)
