@@ -39,7 +39,20 @@ _EXPORTS = {
     "tune": "sp_lab.widgets.tuner",
 }
 
-__all__ = sorted([*_EXPORTS, "models"])
+__all__ = [
+    "BoundaryError",
+    "CompileReport",
+    "CompiledModel",
+    "ConfigError",
+    "EffectiveConfig",
+    "LabConfig",
+    "compile",
+    "enable_sp_and_async_tp",
+    "launch",
+    "models",
+    "tune",
+]
+assert sorted([*_EXPORTS, "models"]) == sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:
@@ -51,4 +64,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names, lazy ones included (tab completion in a notebook lists what ``sp_lab.`` offers)."""
+    return sorted([*__all__, "__version__"])

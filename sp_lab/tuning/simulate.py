@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -42,6 +42,10 @@ import polars as pl
 from sp_lab.resources import H200_DIR, h200_file, load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
 from sp_lab.vocabulary import BASELINE, MEASURED, SIMULATED, SP, SP_ASYNC_TP, TUNED
+
+if TYPE_CHECKING:
+    from sp_lab.rules import MatmulRule
+    from sp_lab.tuning.microbench import ModelDescription
 
 #: Measured on one H200 for this project (docs/measured-h200.md).
 CHUNKING_TP8_JSON = h200_file("gemm_chunking_tp8.json")
@@ -336,14 +340,14 @@ def _norm_us(tokens: int, hidden: int, dtype_bytes: int, hbm_gbps: float) -> flo
 
 
 def predict_sweep(
-    spec: Any,
+    spec: ModelDescription,
     tp: int,
     token_counts: Iterable[int],
     matmul_table: MatmulTable | RooflineMatmul | None = None,
     *,
     comm: AlphaBeta = H200_NVLINK,
     num_layers: int | None = None,
-    rule: Any = None,
+    rule: MatmulRule | None = None,
     dtype_bytes: int = 2,
     hbm_gbps: float = 4300.0,
 ) -> pl.DataFrame:
@@ -413,7 +417,7 @@ def predict_sweep(
     )
 
 
-def _num_layers(spec: Any) -> int:
+def _num_layers(spec: ModelDescription) -> int:
     if isinstance(spec, str):
         spec = load_preset(spec)
     if isinstance(spec, Mapping):

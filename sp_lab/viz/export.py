@@ -6,12 +6,15 @@ import inspect
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
 from sp_lab.viz.overview import overview_data
-from sp_lab.viz.report_input import as_report, to_plain
+from sp_lab.viz.report_input import as_report
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["emit_trace", "save_html"]
 
@@ -32,7 +35,7 @@ def save_html(figs: go.Figure | Sequence[go.Figure], path: str | Path, *, title:
     return path
 
 
-def emit_trace(report: Any, *, include_overview: bool = True) -> bool:
+def emit_trace(report: ReportSource, *, include_overview: bool = True) -> bool:
     """Send the report (and each range's overview data) to torch's structured trace for tlparse.
 
     Artifacts: ``sp_lab_compile_report`` (the report JSON) and ``sp_lab_overview_<range>`` (the data
@@ -52,7 +55,7 @@ def emit_trace(report: Any, *, include_overview: bool = True) -> bool:
         return False
     # Outside a compile there is no trace id; saying so stops torch from logging our stack every time.
     extra = {"expect_trace_id": False} if "expect_trace_id" in params else {}
-    payload = to_plain(report)
+    payload = report.to_dict()
     # Dict payloads are serialised by torch with one value per line, which keeps tlparse's lines short.
     trace_structured("artifact", metadata_fn=lambda: {"name": "sp_lab_compile_report", "encoding": "json"},
                      payload_fn=lambda: payload, **extra)

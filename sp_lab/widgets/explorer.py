@@ -13,7 +13,7 @@ own beyond wiring these to the data and figure functions of ``sp_lab.viz``.
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -22,8 +22,11 @@ from sp_lab.viz.overview import OverviewData, overview_data
 from sp_lab.viz.overview_figure import build_overview_figure
 from sp_lab.viz.piece_diff import piece_diff_data
 from sp_lab.viz.piece_figure import MODES, build_piece_figure
-from sp_lab.viz.report_input import as_report
+from sp_lab.viz.report_input import as_report, range_label
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["GraphExplorer", "explore"]
 
@@ -35,16 +38,16 @@ class GraphExplorer(widgets.VBox):
     last tensor clicked as ``links``; :meth:`select` does what a click does (tests and scripts use it).
     """
 
-    def __init__(self, report: Any, range_index: int | None = None) -> None:
+    def __init__(self, report: ReportSource, range_index: int | None = None) -> None:
         self.report = as_report(report)
         self.data: OverviewData = overview_data(self.report, range_index)
         self.overview_figure: go.FigureWidget | None = None
         self.piece_figure: go.FigureWidget | None = None
         self.links: TensorLinks | None = None
         self.range_select = widgets.Dropdown(
-            options=[(f"{i}: tokens {r.lo}-{r.hi} ({r.boundary}, SP {'on' if r.enable_sp else 'off'})", i)
+            options=[(f"{i}: {range_label(r)} ({r.boundary}, SP {'on' if r.enable_sp else 'off'})", i)
                      for i, r in enumerate(self.report.ranges)],
-            value=self.data.range.index, description="range")
+            value=self.data.range_index, description="range", layout=widgets.Layout(width="480px"))
         self.group_toggles = widgets.HBox()
         self.piece_select = widgets.Dropdown(description="piece")
         self.mode_select = widgets.ToggleButtons(options=list(MODES), value="diff", description="show",
@@ -60,7 +63,7 @@ class GraphExplorer(widgets.VBox):
             control.observe(self._on_piece_controls, names="value")
         super().__init__([self.range_select, self.group_toggles, self._overview_box, self.links_view,
                           widgets.HBox([self.piece_select, self.mode_select]), self.search, self._piece_box])
-        self._load_range(self.data.range.index)
+        self._load_range(self.data.range_index)
 
     @property
     def expanded(self) -> list[str]:
@@ -83,7 +86,7 @@ class GraphExplorer(widgets.VBox):
             self.piece_select.value = next(i for i in group.block if self.data.piece(i).kind == "compiled")
         elif kind == "tensor":
             boundary, index = (int(v) for v in rest.split(":"))
-            self.links = tensor_links(self.report, self.data.range.index, boundary, index)
+            self.links = tensor_links(self.report, self.data.range_index, boundary, index)
             self.links_view.value = _links_html(self.links)
         else:
             raise ValueError(f"unknown overview item {key!r}; expected piece:<i>, group:<id> or tensor:<b>:<i>")
@@ -121,7 +124,7 @@ class GraphExplorer(widgets.VBox):
             self.piece_figure = None
             self._piece_box.children = [widgets.HTML("<i>no compiled piece in this range</i>")]
             return
-        data = piece_diff_data(self.report, self.data.range.index, self.piece_select.value)
+        data = piece_diff_data(self.report, self.data.range_index, self.piece_select.value)
         self.piece_figure = go.FigureWidget(build_piece_figure(data, self.mode_select.value, search=self.search.value))
         self._piece_box.children = [self.piece_figure]
 
@@ -150,6 +153,6 @@ def _links_html(links: TensorLinks) -> str:
             f"<br>produced by<ul>{items(links.producers)}</ul>consumed by<ul>{items(links.consumers)}</ul>")
 
 
-def explore(report: Any, range_index: int | None = None) -> GraphExplorer:
+def explore(report: ReportSource, range_index: int | None = None) -> GraphExplorer:
     """Interactive explorer of a CompileReport (the compiler's object, its dict, or a path to its JSON)."""
     return GraphExplorer(report, range_index)
