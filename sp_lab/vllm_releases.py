@@ -166,11 +166,17 @@ def compilation_config(config: LabConfig, name: str) -> dict[str, Any]:
             "single-threshold policy (sp_min_tokens=None) or keep this config to sp_lab"
         )
     out: dict[str, Any] = {rel.mode_field: 3, "pass_config": {rel.sp_flag: sp, rel.async_tp_flag: fused}}
+    # LabConfig.cudagraph_mode ("none", "piecewise", "full", "full_and_piecewise") names vLLM's CUDAGraphMode
+    graphs = getattr(config, "cudagraph_mode", None)
     if not sp:
+        if graphs not in (None, "none"):
+            out["cudagraph_mode"] = graphs.upper()
         return out
     start = config.sp_start
     out["splitting_ops"] = []
-    out["cudagraph_mode"] = "FULL_DECODE_ONLY"  # piece-wise CUDA graphs would need piece boundaries
+    # Piece-wise CUDA graphs would need piece boundaries: full graphs for every batch where sp_lab measured
+    # its "full" mode, else for decode batches.
+    out["cudagraph_mode"] = "FULL" if graphs == "full" else "FULL_DECODE_ONLY"
     if rel.sp_threshold_field is not None:
         out["pass_config"][rel.sp_threshold_field] = start
     else:
