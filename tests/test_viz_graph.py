@@ -10,9 +10,10 @@ import json
 import logging
 import warnings
 
-import plotly.graph_objects as go
 import polars as pl
 import pytest
+
+go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
 import synthetic_reports as sr
 
 from sp_lab.viz import graph
