@@ -443,7 +443,11 @@ class EffectiveConfig:
     tp_size: int
     """Ranks in the TP group (1 without a process group)."""
     notes: list[str] = dataclasses.field(default_factory=list)
-    """Requested settings that are valid but have no effect (:meth:`LabConfig.notes`)."""
+    """Requested settings that are valid but have no effect (:meth:`LabConfig.notes`), and in rehearsal
+    mode the note that the ranks share one GPU."""
+    rehearsal: bool = False
+    """The ranks share one GPU (``sp_lab.distributed.rehearse_on_one_gpu``): real kernels and numerics,
+    not multi-GPU latencies; rows measured so carry ``source="rehearsal"``."""
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as plain JSON types."""
@@ -461,6 +465,8 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
     import torch.distributed as dist
 
     reasons: list[str] = []
+    notes = config.notes()
+    shared_gpu = None  # the one GPU every rank uses in rehearsal mode
     sp, async_tp = config.enable_sp, config.enable_async_tp
 
     def drop_sp_and_async_tp(why: str) -> None:
@@ -496,7 +502,11 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
                 f"set LabConfig(tp_size={tp_size}) or launch {config.tp_size} ranks"
             )
         backend = _backend_name(dist.get_backend(group), cuda=torch.cuda.is_available())
-        if backend == "nccl" or (backend != "gloo" and torch.cuda.is_available()):
+        shared_gpu = _rehearsal_device(group) if backend == "gloo" else None
+        if shared_gpu is not None:
+            device = str(shared_gpu)
+            notes.append(_rehearsal_note(tp_size, device))
+        elif backend == "nccl" or (backend != "gloo" and torch.cuda.is_available()):
             device = f"cuda:{torch.cuda.current_device()}"
         else:
             device = "cpu"
@@ -510,7 +520,14 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
             "but collectives return placeholder data -- use the results for graphs, never for numbers"
         )
     if async_tp:
-        if backend in ("fake", "gloo"):
+        if shared_gpu is not None:
+            symm_mem, why = _maybe_enable_symm_mem(group)
+            if symm_mem:
+                fused_op_impl = "symm_mem"
+            else:
+                async_tp = False
+                reasons.append(f"enable_async_tp: symmetric memory unavailable for the rehearsal group: {why}")
+        elif backend in ("fake", "gloo"):
             fused_op_impl = "cpu_chunked"
             if backend == "gloo":
                 reasons.append(
@@ -537,6 +554,11 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
         reasons.append(
             f"cudagraphs: CUDA is not available (torch {torch.__version__}): pieces run without CUDA graphs"
         )
+    elif cudagraphs and shared_gpu is not None and tp_size > 1:
+        cudagraphs = False
+        reasons.append(
+            "cudagraphs: rehearsal mode: gloo collectives run on the host and cannot be captured in CUDA graphs"
+        )
     elif cudagraphs and not device.startswith("cuda"):
         cudagraphs = False
         reasons.append(
@@ -553,7 +575,8 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
         symm_mem=symm_mem,
         cudagraphs=cudagraphs,
         tp_size=tp_size,
-        notes=config.notes(),
+        notes=notes,
+        rehearsal=shared_gpu is not None,
     )
 
 
@@ -565,6 +588,18 @@ def _maybe_enable_symm_mem(group: Any) -> tuple[bool, str]:
     except ImportError as e:
         return False, f"sp_lab.distributed.collectives.maybe_enable_symm_mem cannot be imported ({e})"
     return maybe_enable_symm_mem(group)
+
+
+def _rehearsal_device(group: Any) -> Any:
+    from sp_lab.distributed.collectives import rehearsal_device
+
+    return rehearsal_device(group)
+
+
+def _rehearsal_note(world_size: int, device: str) -> str:
+    from sp_lab.distributed.collectives import REHEARSAL_NOTE
+
+    return REHEARSAL_NOTE.format(world_size=world_size, device=device)
 
 
 def _backend_name(raw: Any, *, cuda: bool) -> str:
