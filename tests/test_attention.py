@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sp_lab.models.attention import sdpa_kernel_for
+from sp_lab.models.attention import attention_kernel
 
 FP32_ATOL = 2e-5
 BF16_ATOL = 3e-2
@@ -64,8 +64,9 @@ def test_later_tokens_do_not_change_earlier_outputs():
 
 def test_kernel_choice_on_cpu():
     q, _, _ = _qkv(3, 8, 2, 16)
-    assert sdpa_kernel_for(q, 8, 2) == "repeat_kv"  # no fused GQA kernel is asked for on the CPU
-    assert sdpa_kernel_for(q, 8, 8) == "mha"
+    assert attention_kernel(q, 8, 2) == "sdpa+repeat_kv"  # no fused GQA kernel is asked for on the CPU
+    assert attention_kernel(q, 8, 8) == "sdpa"
+
 
 
 # ------------------------------------------------------------------------------------------- on a GPU
@@ -84,18 +85,24 @@ def test_cuda_matches_the_math_path(dtype, atol, heads, kv_heads, head_dim):
     torch.testing.assert_close(out.double(), want, atol=atol, rtol=0)
 
 
+def _cuda_kernels(fn) -> list[str]:
+    fn()  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 @pytest.mark.gpu
 @gpu
-def test_cuda_bf16_gqa_runs_flash_on_the_shared_kv_heads():
-    q, k, v = _qkv(256, 32, 8, 128, dtype=torch.bfloat16, device="cuda")
-    assert sdpa_kernel_for(q, 32, 8) == "gqa:flash"
-    torch.ops.sp_lab.attention(q, k, v, 32, 8, 128**-0.5)  # warm-up
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.ops.sp_lab.attention(q, k, v, 32, 8, 128**-0.5)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert any("flash" in name.lower() for name in kernels), kernels
-    # No K/V repeat (an index/copy kernel) and no score matrix (softmax/bmm kernels of the math path).
+@pytest.mark.parametrize(("num_tokens", "kernel"), [(1, "flash"), (64, "flash"), (128, "sdpa+gqa"), (2048, "sdpa+gqa")])
+def test_cuda_bf16_gqa_runs_a_fused_kernel_on_the_shared_kv_heads(num_tokens, kernel):
+    q, k, v = _qkv(num_tokens, 32, 8, 128, dtype=torch.bfloat16, device="cuda")
+    assert attention_kernel(q, 32, 8) == kernel
+    kernels = _cuda_kernels(lambda: torch.ops.sp_lab.attention(q, k, v, 32, 8, 128**-0.5))
+    # flash, or whichever fused kernel SDPA picks (cuDNN's is named "...sdpa..._flash_fprop..." on Hopper).
+    assert any("flash" in name.lower() or "fmha" in name.lower() for name in kernels), kernels
+    # No K/V repeat (an index/copy kernel) and no score matrix (softmax/gemm kernels of the math path).
     assert not any(w in name.lower() for name in kernels for w in ("index", "softmax", "gemm")), kernels
 
 

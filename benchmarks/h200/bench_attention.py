@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import provenance
 
-from sp_lab.models.attention import sdpa_kernel_for
+from sp_lab.models.attention import attention_kernel
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3-8B
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -88,7 +88,7 @@ def measure(num_tokens: int) -> dict:
     row = {"num_tokens": t, "sp_lab_ms": graph_ms(ours), "sdpa_flash_ms": graph_ms(flash),
            "sp_lab_eager_ms": eager_ms(ours), "sdpa_flash_eager_ms": eager_ms(flash),
            "max_abs_err_vs_flash": float((ours().float() - want.float()).abs().max()),
-           "sp_lab_kernel": sdpa_kernel_for(q, HEADS, KV_HEADS)}
+           "sp_lab_kernel": attention_kernel(q, HEADS, KV_HEADS)}
     row["ratio"] = row["sp_lab_ms"] / row["sdpa_flash_ms"]
     row["eager_ratio"] = row["sp_lab_eager_ms"] / row["sdpa_flash_eager_ms"]
     return row
