@@ -10,7 +10,8 @@
 - :func:`rehearse_on_one_gpu` turns a gloo rank into a *rehearsal* rank: every rank computes on the same GPU
   and symmetric memory spans the overlapping devices, so the multi-rank GPU code path (the real
   ``symm_mem`` fused kernels, Inductor's lowering of them, every collective sp_lab emits) runs on a machine
-  with one GPU. What a rehearsal cannot show: real overlap (the ranks take turns on one GPU) and CUDA-graph
+  with one GPU (functional all_gathers take gloo's host-staged path there, see
+  ``_install_gloo_cuda_all_gather``). What a rehearsal cannot show: real overlap (the ranks take turns on one GPU) and CUDA-graph
   capture of the collectives (gloo's are not capturable), so its latencies are labelled ``rehearsal`` and
   never tuned on.
 """
@@ -138,8 +139,47 @@ def rehearse_on_one_gpu(device: int | str | torch.device = 0) -> torch.device:
         os.environ.setdefault(key, value)
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     torch.cuda.set_device(device)
+    _install_gloo_cuda_all_gather()
     _rehearsal_device = device
     return device
+
+
+# Functional all_gathers (what sp_lab's LM head, the SP pass and Inductor emit) reach gloo through
+# allgather_into_tensor_coalesced, which treats CUDA pointers as host memory and segfaults (pytorch issue
+# #152645; seen here on torch 2.11 for eager and compiled all_gathers, while all_reduce and reduce_scatter
+# work). dist.all_gather_into_tensor takes gloo's _allgather_base, which stages CUDA tensors through the
+# host correctly. Rehearsal ranks therefore get CUDA kernels for the functional all_gather ops that call it;
+# its result is complete when returned, so the graph's wait_tensor finds no pending work and passes it on.
+_gloo_cuda_all_gather_lib: torch.library.Library | None = None
+
+
+def _install_gloo_cuda_all_gather() -> None:
+    global _gloo_cuda_all_gather_lib
+    if _gloo_cuda_all_gather_lib is not None:
+        return
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    def gather_into(out: torch.Tensor, shard: torch.Tensor, group: str | dist.ProcessGroup) -> torch.Tensor:
+        # The op's group argument is a name (torch 2.11) or may be the group itself (newer schemas: Any).
+        group = group if isinstance(group, dist.ProcessGroup) else _resolve_process_group(group)
+        dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
+        return out
+
+    def all_gather_into_tensor(shard: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+        out = shard.new_empty((shard.shape[0] * group_size, *shard.shape[1:]))
+        return gather_into(out, shard, group_name)
+
+    def all_gather_into_tensor_out(shard, group_size, group_name, *, out):
+        return gather_into(out, shard, group_name)
+
+    def all_gather_into_tensor_coalesced(shards, group_size, group_name):
+        return [all_gather_into_tensor(shard, group_size, group_name) for shard in shards]
+
+    lib = torch.library.Library("_c10d_functional", "IMPL")
+    lib.impl("all_gather_into_tensor", all_gather_into_tensor, "CUDA")
+    lib.impl("all_gather_into_tensor_out", all_gather_into_tensor_out, "CUDA")
+    lib.impl("all_gather_into_tensor_coalesced", all_gather_into_tensor_coalesced, "CUDA")
+    _gloo_cuda_all_gather_lib = lib
 
 
 def rehearsal_device(group: dist.ProcessGroup | None = None) -> torch.device | None:
