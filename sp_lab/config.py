@@ -40,6 +40,15 @@ __all__ = [
 CompileMode = Literal["piecewise", "full_graph"]
 Boundary = Literal["none", "gather_erase", "gather", "sharded"]
 HeuristicDefault = Literal["fuse", "no_fuse"]
+CudaGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
+
+# LabConfig.cudagraph_mode -> vLLM's CompilationConfig.cudagraph_mode (CUDAGraphMode member names).
+VLLM_CUDAGRAPH_MODE = {
+    "none": "NONE",
+    "piecewise": "PIECEWISE",
+    "full": "FULL",
+    "full_and_piecewise": "FULL_AND_PIECEWISE",
+}
 
 SCHEMA = "sp_lab.config/1"
 
@@ -99,7 +108,15 @@ class LabConfig:
     """Largest token count any call may have (the top of the last compile range)."""
 
     cudagraphs: bool = False
-    """Capture CUDA graphs per piece and capture size (GPU only; dropped with a reason on CPU)."""
+    """Capture CUDA graphs (GPU only; dropped with a reason on CPU). A shorthand kept from before
+    ``cudagraph_mode``: ``True`` alone means ``"piecewise"``; once ``cudagraph_mode`` is given this field
+    follows it (``cudagraph_mode != "none"``)."""
+
+    cudagraph_mode: CudaGraphMode | None = None
+    """How CUDA graphs are captured at the capture sizes, as vLLM's ``cudagraph_mode``: ``"none"``;
+    ``"piecewise"`` (one graph per compiled piece, attention eager between them); ``"full"`` (the whole
+    forward as one graph); ``"full_and_piecewise"`` (full graphs where the range has SP off, piecewise where
+    it is on; see :mod:`sp_lab.compiler.cudagraphs`). ``None`` follows ``cudagraphs``."""
 
     cudagraph_capture_sizes: list[int] | None = None
     """Token counts to capture; ``None`` means :meth:`resolved_capture_sizes`' default ladder
@@ -121,6 +138,9 @@ class LabConfig:
                 setattr(self, f.name, list(value))
         self._check_values()
         # Normalise so that equal configs compare equal and serialise identically.
+        if self.cudagraph_mode is None:
+            self.cudagraph_mode = "piecewise" if self.cudagraphs else "none"
+        self.cudagraphs = self.cudagraph_mode != "none"
         self.compile_range_split_points = sorted(set(self.compile_range_split_points))
         if self.cudagraph_capture_sizes is not None:
             self.cudagraph_capture_sizes = sorted(set(self.cudagraph_capture_sizes))
@@ -152,6 +172,11 @@ class LabConfig:
                     f"compile_range_split_points[{i}]: {p} is outside (1, max_num_tokens={self.max_num_tokens}]; "
                     "a split point p starts the range [p, ...], so it must be in 2..max_num_tokens"
                 )
+        if self.cudagraphs and self.cudagraph_mode == "none":
+            raise ConfigError(
+                "cudagraphs=True contradicts cudagraph_mode='none': set cudagraph_mode to 'piecewise', 'full' or "
+                "'full_and_piecewise' (cudagraphs then follows it), or cudagraphs=False"
+            )
         if self.cudagraph_capture_sizes is not None:
             if not self.cudagraph_capture_sizes:
                 raise ConfigError(
@@ -269,10 +294,9 @@ class LabConfig:
         threshold, as sp_lab does. sp_lab's per-matmul ``heuristic`` and ``boundary`` have no vLLM
         equivalent and live only in the ``sp_lab`` section of an exported file.
         """
-        if not self.cudagraphs:
-            cudagraph_mode = "NONE"
-        else:
-            cudagraph_mode = "FULL" if self.compile_mode == "full_graph" else "PIECEWISE"
+        cudagraph_mode = VLLM_CUDAGRAPH_MODE[self.cudagraph_mode]
+        if self.compile_mode == "full_graph" and cudagraph_mode == "PIECEWISE":
+            cudagraph_mode = "FULL"  # one piece: its graph is the whole forward
         return {
             # Current vLLM names. Older releases spelled these pass_config.enable_sequence_parallelism
             # and pass_config.enable_async_tp, and had no sp_min_token_num.
@@ -440,6 +464,8 @@ class EffectiveConfig:
     """Symmetric memory is enabled for the TP group."""
     cudagraphs: bool
     """CUDA graphs are captured."""
+    cudagraph_mode: str = "none"
+    """The ``LabConfig.cudagraph_mode`` that runs: the requested one, or ``"none"`` where graphs were dropped."""
     tp_size: int
     """Ranks in the TP group (1 without a process group)."""
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -574,6 +600,7 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
         fused_op_impl=fused_op_impl,
         symm_mem=symm_mem,
         cudagraphs=cudagraphs,
+        cudagraph_mode=config.cudagraph_mode if cudagraphs else "none",
         tp_size=tp_size,
         notes=notes,
         rehearsal=shared_gpu is not None,

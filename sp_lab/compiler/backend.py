@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
-from sp_lab.compiler.cudagraphs import CudaGraphPiece
+from sp_lab.compiler.cudagraphs import CudaGraphPiece, CudaGraphPlan, FullCudaGraphs
 from sp_lab.compiler.passes.boundary import policy_for
 from sp_lab.compiler.passes.graph_builder import same_size
 from sp_lab.compiler.passes.post_grad import PieceObservation, SpLabPostGradPass
@@ -100,11 +100,15 @@ class CompiledModel:
         self.config = config
         self.inspect_only = inspect_only
         self.effective: EffectiveConfig = enable_sp_and_async_tp(config)
-        self._capture_sizes = set(config.resolved_capture_sizes()) if self.effective.cudagraphs else set()
-        self.at_capture_size = False  # whether the call in flight runs at a CUDA-graph capture size
+        self.at_capture_size = False  # whether the call in flight replays per-piece CUDA graphs
         for reason in self.effective.reasons:
             log.info("sp_lab.compile: %s", reason)
         self.ranges = plan_ranges(config, self.effective)
+        self._graphs = CudaGraphPlan.build(
+            self.effective.cudagraph_mode,
+            config.resolved_capture_sizes(),
+            sp_on=lambda size: next(r.enable_sp for r in self.ranges if size in r),
+        )
         self.report = CompileReport(
             requested=config.to_dict(),
             effective=self.effective.to_dict(),
@@ -122,27 +126,31 @@ class CompiledModel:
         dynamo_config = torch._dynamo.config
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _RECOMPILE_LIMIT)
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
+        self._full_graphs = FullCudaGraphs(self._forward)
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         num_tokens = tokens.shape[0]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
-        padded = self._capture_size(num_tokens)
-        self.at_capture_size = padded in self._capture_sizes
+        padded = self._graphs.padded(num_tokens)
+        kind = self._graphs.kind(padded)
+        self.at_capture_size = kind == "piecewise"
         if padded != num_tokens:
             # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
             tokens = torch.cat([tokens, tokens.new_zeros((padded - num_tokens, *tokens.shape[1:]))])
-        if tokens.shape[0] > 1:
-            # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
-            torch._dynamo.maybe_mark_dynamic(tokens, 0)
         with torch.no_grad():
-            out = self._dynamo(tokens, *args, **kwargs)
-        if self.effective.cudagraphs:
+            if kind == "full" and not args and not kwargs:  # a whole-forward graph holds the tokens only
+                out = self._full_graphs(tokens)
+            else:
+                out = self._forward(tokens, *args, **kwargs)
+        if kind != "none":
             out = out[:num_tokens].clone()  # the graph's output buffer is reused by the next replay
         return out
 
-    def _capture_size(self, num_tokens: int) -> int:
-        sizes = [s for s in self._capture_sizes if s >= num_tokens]
-        return min(sizes) if sizes else num_tokens
+    def _forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if tokens.shape[0] > 1:
+            # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
+            torch._dynamo.maybe_mark_dynamic(tokens, 0)
+        return self._dynamo(tokens, *args, **kwargs)
 
     # -- Dynamo backend -------------------------------------------------------------------------------------------
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
