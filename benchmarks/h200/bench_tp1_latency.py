@@ -29,16 +29,19 @@ SMALL_TARGET, LARGE_TARGET = 1.05, 1.05  # large: "no slower than now", with 5% 
 SP_LAB_MODES = {"sp_lab piecewise": "piecewise", "sp_lab full": "full", "sp_lab full_and_piecewise": "full_and_piecewise"}
 
 
-def call_ms(fn, repeats: int) -> float:
-    samples = []
+def interleaved_ms(fns: dict, tokens: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median ms of one synchronised call of each function, the functions taking turns call by call, so a
+    drift of clocks or temperature during the run falls on every variant alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(tokens)
+            end.record()
+            torch.cuda.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def main() -> int:
@@ -69,14 +72,14 @@ def main() -> int:
                     fn(ids[t])
             torch.cuda.synchronize()
         compile_s[name] = time.perf_counter() - start
-        for t in TOKENS:
-            with torch.no_grad():
-                got = fn(ids[t]).float()
-                ms = call_ms(lambda fn=fn, x=ids[t]: fn(x), repeats=30 if t <= 1024 else 10)
-            row = {"num_tokens": t, "variant": name, "ms": ms, "max_abs_err": float((got - want[t]).abs().max())}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
         print(f"{name}: first calls (compile, warm-up, capture) {compile_s[name]:.1f} s", flush=True)
+    for t in TOKENS:
+        with torch.no_grad():
+            errors = {name: float((fn(ids[t]).float() - want[t]).abs().max()) for name, fn in variants.items()}
+            times = interleaved_ms(variants, ids[t], repeats=30 if t <= 1024 else 10)
+        for name in variants:
+            rows.append({"num_tokens": t, "variant": name, "ms": times[name], "max_abs_err": errors[name]})
+            print(json.dumps(rows[-1]), flush=True)
     by = {(r["variant"], r["num_tokens"]): r["ms"] for r in rows}
     failures = []
     for name in ("sp_lab full", "sp_lab full_and_piecewise"):
@@ -89,7 +92,8 @@ def main() -> int:
                                 f"{by['sp_lab piecewise', t]:.3f}")
     doc = {"meta": provenance(what="llama-3-8b shape, 4 layers, bf16, tp 1, one sequence of num_tokens tokens",
                               timing="median of 30 (10 above 1024 tokens) synchronised calls, CUDA events, "
-                              "host overhead included; after 3 untimed calls per size",
+                              "host overhead included; variants take turns call by call; after 3 untimed "
+                              "calls per size and variant",
                               first_calls_s=compile_s, targets=f"full modes <= {SMALL_TARGET} x reduce-overhead "
                               f"at 1..{SMALL} tokens; <= {LARGE_TARGET} x sp_lab piecewise at {LARGE}+",
                               failures=failures),

@@ -15,7 +15,8 @@
 
 Token counts above the largest capture size run without graphs (they are padded to no size). Replay copies
 the inputs whose storage moved into the captured buffers; weights keep their storage and are not copied.
-All graphs of a device share one memory pool (they never run concurrently). The host overhead graphs remove
+Piece graphs of a device share one memory pool (they never run concurrently); each whole-forward graph has
+its own. The host overhead graphs remove
 matters most at small token counts (an eager fused symm_mem op costs ~0.2-0.33 ms of host time).
 """
 
@@ -123,33 +124,34 @@ class CudaGraphPlan:
 class FullCudaGraphs:
     """Replays ``forward(tokens)`` -- the whole compiled model -- from one CUDA graph per token count.
 
-    The first call at a size runs ``forward`` as it is (it compiles the range and lets Inductor autotune
-    outside any capture), the second captures, later ones copy the tokens into the captured input and replay.
+    Every call of a size runs on that size's static token buffer (as vLLM's runner does): the first call
+    copies the tokens in and runs ``forward`` as it is (it compiles the range and lets Inductor autotune
+    outside any capture), the second captures, later ones copy and replay. Each graph has its own memory
+    pool: graphs captured later are replayed in any order, so none may reuse another's freed intermediates.
     The returned tensor is the graph's output buffer, overwritten by the next replay: callers copy it.
     """
 
     def __init__(self, forward: Callable[[torch.Tensor], Any]):
         self.forward = forward
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, Any]] = {}
-        self.seen: set[int] = set()
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self.static_tokens: dict[int, torch.Tensor] = {}
 
     def __call__(self, tokens: torch.Tensor) -> Any:
         size = tokens.shape[0]
+        static = self.static_tokens.get(size)
+        if static is None:
+            self.static_tokens[size] = static = tokens.clone()
+            return self.forward(static)
+        static.copy_(tokens)
         if size in self.graphs:
-            graph, static_tokens, static_out = self.graphs[size]
-            static_tokens.copy_(tokens)
+            graph, static_out = self.graphs[size]
             graph.replay()
             return static_out
-        if size not in self.seen:
-            self.seen.add(size)
-            return self.forward(tokens)
-        static_tokens = tokens.clone()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
-        with torch.cuda.graph(graph, pool=_pool(tokens.device.index if tokens.device.index is not None
-                                                  else torch.cuda.current_device())):
-            static_out = self.forward(static_tokens)
+        with torch.cuda.graph(graph):
+            static_out = self.forward(static)
         counters["full"] += 1
-        self.graphs[size] = (graph, static_tokens, static_out)
+        self.graphs[size] = (graph, static_out)
         graph.replay()
         return static_out

@@ -338,9 +338,11 @@ class ParallelLMHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.weight)
         if self.tp.size > 1:
-            # [T, V/tp] per rank -> [T, V]: all_gather_into_tensor stacks along dim 0, then a chunk+cat
-            # moves the rank blocks to the vocab dim.
-            logits = _all_gather_single(logits, 1, self.tp.group())
+            # [T, V/tp] per rank -> [tp*T, V/tp] (all_gather along dim 0) -> [T, V]: the rank blocks move to
+            # the vocab dim. Permuting here rather than passing gather_dim=1 keeps Dynamo out of torch 2.11's
+            # _maybe_view_chunk_cat, which it refuses to trace ("marked as skipped").
+            gathered = _all_gather_single(logits, 0, self.tp.group())
+            logits = gathered.view(self.tp.size, *logits.shape).transpose(0, 1).reshape(logits.shape[0], -1)
         return logits
 
     def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
