@@ -162,7 +162,9 @@ def _install_gloo_cuda_all_gather() -> None:
     def gather_into(out: torch.Tensor, shard: torch.Tensor, group: str | dist.ProcessGroup) -> torch.Tensor:
         # The op's group argument is a name (torch 2.11) or may be the group itself (newer schemas: Any).
         group = group if isinstance(group, dist.ProcessGroup) else _resolve_process_group(group)
-        dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
+        with warnings.catch_warnings():  # deprecated from torch 2.13 in favour of all_gather_single
+            warnings.simplefilter("ignore", FutureWarning)
+            dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
         return out
 
     def all_gather_into_tensor(shard: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
