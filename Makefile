@@ -16,6 +16,8 @@ TORCH_INDEX_URL ?=
 PYTEST_MARKERS ?= not gpu and not multigpu and not slow
 PYTEST_ARGS ?=
 LAB_PORT ?= 8888
+# Jupyter refuses to start as root (e.g. in a container) unless told to; pass the flag only then.
+LAB_ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Every process (tests, launch() ranks, notebooks) shares one Inductor cache inside the checkout:
 # compiles are 4-7 s cold and under 2 s warm on 2 cores.
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
@@ -51,7 +53,7 @@ run: $(STAMP)
 lab: $(STAMP)
 	@# Listens on 127.0.0.1 only; Jupyter prints the URL with its random token (or set LAB_TOKEN).
 	$(PYTHON) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
-		--ServerApp.root_dir=notebooks $(if $(LAB_TOKEN),--IdentityProvider.token=$(LAB_TOKEN))
+		--ServerApp.root_dir=notebooks $(LAB_ALLOW_ROOT) $(if $(LAB_TOKEN),--IdentityProvider.token=$(LAB_TOKEN))
 
 lint:
 	$(PYTHON) -m ruff check sp_lab tests benchmarks

@@ -5,7 +5,7 @@ M in {1, 2, 4, ..., 16384} total tokens, times (bf16, CUDA-graph replay, median 
 
 - ``mm``          one ``[M, K] @ [K, N]`` matmul (M padded up to a multiple of tp);
 - ``mm_chunked``  the same rows split into ``tp`` chunks, one matmul each: the chunking penalty a
-                  ``tp``-way fused kernel pays (BACKGROUND section 3);
+                  ``tp``-way fused kernel pays (docs/measured-h200.md);
 - ``fused_ws1``   the symmetric-memory fused op (``fused_all_gather_matmul`` on the AG side,
                   ``fused_matmul_reduce_scatter`` on the RS side) on a 1-rank NCCL group: the fused
                   kernel's own overhead with no communication (it splits into world_size=1 chunk).

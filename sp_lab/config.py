@@ -2,7 +2,7 @@
 config's JSON and vLLM forms.
 
 The requested and the effective configuration are kept apart on purpose: vLLM once echoed
-``fuse_gemm_comms=true`` and then ran with it off, silently (BACKGROUND section 6). Here
+``fuse_gemm_comms=true`` and then ran with it off, silently (docs/vllm-config.md). Here
 :func:`enable_sp_and_async_tp` returns what will run, with one reason for every requested feature it
 dropped or changed, and the compile report shows both side by side.
 
@@ -24,7 +24,10 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from sp_lab.jsonfile import read_json
 from sp_lab.rules import MatmulRule, RuleError
+from sp_lab.vllm_releases import DEFAULT_RELEASE as DEFAULT_VLLM_RELEASE
+from sp_lab.vllm_releases import release as find_vllm_release
 
 __all__ = [
     "ConfigError",
@@ -84,7 +87,12 @@ class LabConfig:
 
     async_tp_min_tokens: int = 128
     """Smallest token count that gets SP and AsyncTP; below it both are off for that token range.
-    128 is the draft's hand-picked default; ``sp_lab.tuning.threshold`` recommends a measured one."""
+    128 is the draft's hand-picked default; ``sp_lab.tuning.policy`` recommends a measured one."""
+
+    sp_min_tokens: int | None = None
+    """Smallest token count that gets SP when SP should start before AsyncTP (SP alone in between);
+    ``None``: SP starts together with AsyncTP at ``async_tp_min_tokens``. ``1`` with AsyncTP gated
+    runs SP everywhere and fuses from ``async_tp_min_tokens`` on."""
 
     compile_mode: CompileMode = "piecewise"
     """``"piecewise"``: split the graph at ``splitting_ops`` and compile each piece (vLLM's default);
@@ -160,6 +168,11 @@ class LabConfig:
                 f"async_tp_min_tokens: must be in [1, max_num_tokens={self.max_num_tokens}], got "
                 f"{self.async_tp_min_tokens}; to keep SP off for every size set enable_sp=False instead"
             )
+        if self.sp_min_tokens is not None and not 1 <= self.sp_min_tokens <= self.async_tp_min_tokens:
+            raise ConfigError(
+                f"sp_min_tokens: must be in [1, async_tp_min_tokens={self.async_tp_min_tokens}], got "
+                f"{self.sp_min_tokens}; SP has to run wherever AsyncTP does (None: start both together)"
+            )
         for i, ops in enumerate(self.splitting_ops):
             if not _QUALIFIED_OP.match(ops):
                 raise ConfigError(
@@ -221,7 +234,7 @@ class LabConfig:
         >>> LabConfig(async_tp_min_tokens=128, compile_range_split_points=[1024], max_num_tokens=4096).compile_ranges()
         [(1, 127), (128, 1023), (1024, 4096)]
         """
-        starts = sorted({1, self.async_tp_min_tokens, *self.compile_range_split_points})
+        starts = sorted({1, self.async_tp_min_tokens, self.sp_start, *self.compile_range_split_points})
         ends = [s - 1 for s in starts[1:]] + [self.max_num_tokens]
         return list(zip(starts, ends, strict=True))
 
@@ -239,19 +252,29 @@ class LabConfig:
         ranges = self.compile_ranges()
         return ranges[bisect.bisect_right([lo for lo, _ in ranges], num_tokens) - 1]
 
+    @property
+    def sp_start(self) -> int:
+        """The smallest token count SP runs at when enabled (``sp_min_tokens`` or ``async_tp_min_tokens``)."""
+        return self.async_tp_min_tokens if self.sp_min_tokens is None else self.sp_min_tokens
+
+    def _check_range(self, compile_range: tuple[int, int]) -> None:
+        lo, hi = compile_range
+        for name, gate in (("async_tp_min_tokens", self.async_tp_min_tokens), ("sp_min_tokens", self.sp_start)):
+            if lo < gate <= hi:
+                raise ValueError(
+                    f"compile range {compile_range} straddles {name}={gate}; "
+                    f"use a range from compile_ranges(): {self.compile_ranges()}"
+                )
+
     def sp_active_for(self, compile_range: tuple[int, int]) -> bool:
         """Whether SP is applied to the artifact for ``compile_range`` (a member of :meth:`compile_ranges`)."""
-        lo, hi = compile_range
-        if lo < self.async_tp_min_tokens <= hi:
-            raise ValueError(
-                f"compile range {compile_range} straddles async_tp_min_tokens={self.async_tp_min_tokens}; "
-                f"use a range from compile_ranges(): {self.compile_ranges()}"
-            )
-        return self.enable_sp and lo >= self.async_tp_min_tokens
+        self._check_range(compile_range)
+        return self.enable_sp and compile_range[0] >= self.sp_start
 
     def async_tp_active_for(self, compile_range: tuple[int, int]) -> bool:
         """Whether AsyncTP fusion is attempted in the artifact for ``compile_range``."""
-        return self.enable_async_tp and self.sp_active_for(compile_range)
+        return (self.enable_async_tp and self.sp_active_for(compile_range)
+                and compile_range[0] >= self.async_tp_min_tokens)
 
     def resolved_capture_sizes(self) -> list[int]:
         """``cudagraph_capture_sizes``, or the default ladder 1, 2, 4, ..., 512 capped at ``max_num_tokens``."""
@@ -287,39 +310,80 @@ class LabConfig:
                 raise ConfigError(f"heuristic: {e}") from None
         return cls(**kwargs)
 
-    def to_vllm(self) -> dict[str, Any]:
-        """This config as a vLLM ``--compilation-config`` JSON object.
+    def to_vllm(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
+        """This config as a vLLM ``--compilation-config`` object for vLLM release ``version``.
 
-        ``sp_min_token_num`` carries ``async_tp_min_tokens``: vLLM gates SP and AsyncTP at one token
-        threshold, as sp_lab does. sp_lab's per-matmul ``heuristic`` and ``boundary`` have no vLLM
-        equivalent and live only in the ``sp_lab`` section of an exported file.
+        Only field names that release accepts are written (:mod:`sp_lab.vllm_releases` holds the lists,
+        read from vLLM's ``vllm/config/compilation.py``), plus what makes SP run there: the whole graph
+        in one piece (``splitting_ops: []``; a piece-wise graph gets no SP), the threshold as the
+        release can express it (``sp_min_token_num`` and a compile-range boundary, or, before
+        ``sp_min_token_num`` existed, static ``compile_sizes`` from the threshold on) and a
+        CUDA-graph mode that works without piece boundaries (full graphs for decode batches).
+        sp_lab's ``boundary`` and per-matmul ``heuristic`` have no vLLM equivalent; they stay in the
+        file's ``sp_lab`` section. A policy vLLM cannot run (SP before AsyncTP at a second threshold)
+        raises :class:`ConfigError`, as does an unknown ``version`` (the message lists the known ones).
         """
-        cudagraph_mode = VLLM_CUDAGRAPH_MODE[self.cudagraph_mode]
-        if self.compile_mode == "full_graph" and cudagraph_mode == "PIECEWISE":
-            cudagraph_mode = "FULL"  # one piece: its graph is the whole forward
-        return {
-            # Current vLLM names. Older releases spelled these pass_config.enable_sequence_parallelism
-            # and pass_config.enable_async_tp, and had no sp_min_token_num.
-            "pass_config": {
-                "enable_sp": self.enable_sp,
-                "fuse_gemm_comms": self.enable_async_tp,
-                "sp_min_token_num": self.async_tp_min_tokens,
-            },
-            # vLLM spells a full-graph compile as an empty splitting_ops list.
-            "splitting_ops": list(self.splitting_ops) if self.compile_mode == "piecewise" else [],
-            # Empty: compile once per range for symbolic sizes, not once per concrete size.
-            "compile_sizes": [],
-            "cudagraph_mode": cudagraph_mode,
-        }
+        try:
+            rel = find_vllm_release(version)
+        except KeyError as e:
+            raise ConfigError(f"to_vllm: {e.args[0]}") from None
+        sp = self.enable_sp and self.tp_size > 1
+        fused = sp and self.enable_async_tp
+        if fused and self.sp_start < self.async_tp_min_tokens:
+            raise ConfigError(
+                f"to_vllm: SP starts at {self.sp_start} tokens and AsyncTP at {self.async_tp_min_tokens}, "
+                f"but vLLM {version} fuses GEMMs with collectives wherever SP runs (one gate for both); "
+                "export a single-threshold policy (sp_min_tokens=None) or keep this config to sp_lab"
+            )
+        out: dict[str, Any] = {rel.mode_field: 3, "pass_config": {rel.sp_flag: sp, rel.async_tp_flag: fused}}
+        if not sp:
+            if self.cudagraph_mode != "none":
+                out["cudagraph_mode"] = VLLM_CUDAGRAPH_MODE[self.cudagraph_mode]
+            return out
+        start = self.sp_start
+        out["splitting_ops"] = []
+        # Piece-wise CUDA graphs would need piece boundaries: full graphs for every batch if sp_lab measured
+        # its "full" mode, else for decode batches.
+        out["cudagraph_mode"] = "FULL" if self.cudagraph_mode == "full" else "FULL_DECODE_ONLY"
+        if rel.sp_threshold_field is not None:
+            out["pass_config"][rel.sp_threshold_field] = start
+        else:
+            # The SP pass of these releases runs only on static compile sizes that tp divides: the capture
+            # sizes (padded decode batches) and powers of two up to max_num_tokens (full prefill chunks).
+            ladder = {*self.resolved_capture_sizes(), self.max_num_tokens,
+                      *(2**k for k in range(self.max_num_tokens.bit_length()) if 2**k <= self.max_num_tokens)}
+            sizes = sorted(s for s in ladder if s >= start and s % self.tp_size == 0)
+            if not sizes:
+                raise ConfigError(
+                    f"to_vllm: vLLM {version} runs SP only at static compile sizes that tp={self.tp_size} "
+                    f"divides, and none from {start} to max_num_tokens={self.max_num_tokens} is; raise "
+                    "max_num_tokens or add cudagraph_capture_sizes that tp divides"
+                )
+            out["compile_sizes"] = sizes
+        if rel.ranges_field is not None and start > 1:
+            out[rel.ranges_field] = [start - 1]  # vLLM's ranges are [1, p], [p + 1, ...]
+        return out
 
-    def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None) -> str:
+    def vllm_section(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
+        """The exported file's ``vllm`` section: the release and its ``--compilation-config`` object, or
+        why this config cannot be expressed for it (``not_expressible``)."""
+        try:
+            return {"release": version, "compilation_config": self.to_vllm(version)}
+        except ConfigError as e:
+            if str(e).startswith("to_vllm: unknown vLLM release"):
+                raise
+            return {"release": version, "not_expressible": str(e).removeprefix("to_vllm: ")}
+
+    def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None,
+                vllm_release: str = DEFAULT_VLLM_RELEASE) -> str:
         """The tuned-config file as JSON text; also written to ``path`` when given.
 
-        ``{"schema": "sp_lab.config/1", "vllm": to_vllm(), "sp_lab": to_dict(), "provenance": {...}}``
+        ``{"schema": "sp_lab.config/1", "vllm": vllm_section(), "sp_lab": to_dict(), "provenance": {...}}``
         (``provenance`` only when given). The ``vllm`` section is derived; :meth:`from_json` reads
         ``sp_lab`` and checks that ``vllm`` still agrees with it.
         """
-        doc: dict[str, Any] = {"schema": SCHEMA, "vllm": self.to_vllm(), "sp_lab": self.to_dict()}
+        doc: dict[str, Any] = {"schema": SCHEMA, "vllm": self.vllm_section(vllm_release),
+                               "sp_lab": self.to_dict()}
         if provenance is not None:
             doc["provenance"] = provenance
         text = json.dumps(doc, indent=2) + "\n"
@@ -336,11 +400,7 @@ class LabConfig:
 
 def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, Any]]:
     """Like :meth:`LabConfig.from_json`, also returning the file's ``provenance`` (``{}`` if none)."""
-    text = _read_json_text(path_or_text)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config: not valid JSON ({e})") from None
+    doc = read_json(path_or_text, what="config", error=ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(doc).__name__}")
     if "schema" not in doc:
@@ -355,8 +415,10 @@ def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, An
     if "sp_lab" not in doc:
         raise ConfigError("sp_lab: missing; the 'sp_lab' section holds the LabConfig fields")
     config = LabConfig.from_dict(doc["sp_lab"])
-    if "vllm" in doc:
-        for path, got, want in _diff(doc["vllm"], config.to_vllm(), "vllm"):
+    # A vllm section without "release" was written before sections named their vLLM release; it is
+    # derived from sp_lab and its field names fit no release, so it is not checked.
+    if isinstance(doc.get("vllm"), dict) and "release" in doc["vllm"]:
+        for path, got, want in _diff(doc["vllm"], config.vllm_section(str(doc["vllm"]["release"])), "vllm"):
             raise ConfigError(
                 f"{path}: the file says {got!r} but its sp_lab section gives {want!r}; the vllm section is "
                 "derived from sp_lab -- edit the sp_lab section (or delete the vllm section)"
@@ -386,6 +448,7 @@ def export_tuned_config(
     dtype: Any,
     data_hash: str,
     extra_provenance: dict[str, Any] | None = None,
+    vllm_release: str = DEFAULT_VLLM_RELEASE,
 ) -> Path:
     """Write ``config`` as one JSON file per device, TP size, model shape and dtype; return its path.
 
@@ -420,14 +483,14 @@ def export_tuned_config(
         device_name=device_name, tp_size=config.tp_size, model=str(model_spec["name"]), dtype=dtype_name
     )
     path = directory / name
-    config.to_json(path, provenance=provenance)
+    config.to_json(path, provenance=provenance, vllm_release=vllm_release)
     return path
 
 
 def vllm_sp_min_token_num(
     hidden_size: int, dtype_bytes: int, tp_size: int, device_capability: tuple[int, int] = (9, 0)
 ) -> int | None:
-    """vLLM's default SP token threshold (BACKGROUND section 3), for comparison with a tuned one.
+    """vLLM's default SP token threshold (docs/thresholds.md), for comparison with a tuned one.
 
     ``min_tokens = MB * tp * 2**20 // (hidden * bytes)``: SP turns on once one rank's share of the
     activation reaches MB MiB, with MB = 8 on Hopper (sm90) and 32 on Blackwell (sm100). Returns
@@ -690,15 +753,3 @@ def _diff(got: Any, want: Any, path: str):
             yield from _diff(got.get(key), want.get(key), f"{path}.{key}")
     elif got != want or type(got) is not type(want):
         yield path, got, want
-
-
-def _read_json_text(path_or_text: str | Path) -> str:
-    """JSON text from either a path or the text itself (text starts with ``{``)."""
-    if isinstance(path_or_text, str) and path_or_text.lstrip().startswith("{"):
-        return path_or_text
-    path = Path(path_or_text)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no such config file: {str(path)!r} (pass a path to an existing file or JSON text)"
-        )
-    return path.read_text()

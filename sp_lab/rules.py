@@ -2,7 +2,7 @@
 
 AsyncTP replaces ``all_gather -> mm`` and ``mm -> reduce_scatter`` with fused kernels that split the
 token dimension into ``tp`` chunks. That pays only when the communication it hides outweighs the cost
-of running ``tp`` small matmuls instead of one (BACKGROUND section 3: 8.5x slower at 8 tokens, break-even
+of running ``tp`` small matmuls instead of one (docs/measured-h200.md: 8.5x slower at 8 tokens, break-even
 only near thousands of tokens on an H200). Whether it pays depends on the matmul's shape, so the
 compiler asks a :class:`MatmulRule` once per candidate matmul.
 
@@ -27,6 +27,8 @@ import math
 import operator
 from pathlib import Path
 from typing import Any, Literal
+
+from sp_lab.jsonfile import read_json
 
 __all__ = [
     "CHOICES",
@@ -194,12 +196,7 @@ class MatmulRule:
     @classmethod
     def from_json(cls, path_or_text: str | Path) -> MatmulRule:
         """Load from a JSON file path or from JSON text."""
-        text = _read_json_text(path_or_text)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RuleError(f"rule: not valid JSON ({e})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path_or_text, what="rule", error=RuleError))
 
     # -- serialisation ------------------------------------------------------------------------------
 
@@ -380,15 +377,3 @@ def _describe(node: Node, indent: int, lines: list[str]) -> None:
 
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:.6g}"
-
-
-def _read_json_text(path_or_text: str | Path) -> str:
-    """JSON text from either a path or the text itself (text starts with ``{`` or ``[``)."""
-    if isinstance(path_or_text, str) and path_or_text.lstrip()[:1] in ("{", "["):
-        return path_or_text
-    path = Path(path_or_text)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no such JSON file: {str(path)!r} (pass a path to an existing file or JSON text)"
-        )
-    return path.read_text()

@@ -16,6 +16,7 @@ from test_store import make_row
 from sp_lab import cli
 from sp_lab.bench.store import SweepStore
 from sp_lab.config import LabConfig
+from sp_lab.tuning.export import data_hash
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def _python_m_sp_lab(*args: str) -> subprocess.CompletedProcess:
 
 
 def curve_rows(**overrides) -> list[dict]:
-    """Rows of a 3-variant sweep where fusion pays from 64 tokens on (like BACKGROUND section 3)."""
+    """Rows of a 3-variant sweep where fusion pays from 64 tokens on (like docs/thresholds.md describes)."""
     rows = []
     for t in (1, 4, 16, 64, 256):
         base = 100.0 + t
@@ -121,7 +122,7 @@ def test_export_with_an_explicit_threshold_writes_a_tuned_config_with_provenance
     config = LabConfig.from_json(path)
     assert config.async_tp_min_tokens == 64 and config.enable_async_tp and config.tp_size == 2
     provenance = json.loads(path.read_text())["provenance"]
-    assert provenance["data_hash"] == cli.data_hash(SweepStore(store).read())
+    assert provenance["data_hash"] == data_hash(SweepStore(store).read())
     assert provenance["sweep_rows"] == 15
 
 
@@ -212,7 +213,8 @@ def test_tune_recommends_the_threshold_with_least_regret(store, tmp_path, capsys
     assert cli.main(["tune", "--store", str(store), "--json", str(out)]) == 0
     assert "async_tp_min_tokens=64" in capsys.readouterr().out
     rec = json.loads(out.read_text())
-    assert rec["async_tp_min_tokens"] == 64 and not rec["never_fuse"] and rec["rows"] == 15
+    assert rec["async_tp_min_tokens"] == 64 and rec["rows"] == 15
+    assert rec["policy"]["name"] == "baseline below 64, sp+async_tp from 64"
 
 
 def test_export_tunes_when_no_threshold_is_given(store, tmp_path):
@@ -228,3 +230,25 @@ def test_simulated_rows_are_tuned_on_only_when_named(tmp_path, capsys):
     assert cli.main(["tune", "--store", str(store)]) == 2
     assert "pass --source simulated" in capsys.readouterr().err
     assert cli.main(["tune", "--store", str(store), "--source", "simulated"]) == 0
+
+
+def test_export_never_writes_sp_off_and_says_never(store, tmp_path, capsys):
+    assert cli.main(["export", "--store", str(store), "--threshold", "never", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["provenance"]["async_tp_min_tokens"] == "never" and not doc["sp_lab"]["enable_sp"]
+    assert "async_tp_min_tokens=never" in capsys.readouterr().out
+
+
+def test_report_never_replaces_another_stores_report_unasked(store, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    assert cli.main(["report", "--store", str(store), "--out", str(out), "--cdn"]) == 0
+    page = out.read_text()
+    # recommendation and its confidence come before the figures; tables are HTML tables
+    assert page.index("Recommendation") < page.index("Latency and regret")
+    assert "<table>" in page and ("not distinguishable" in page or "no other one-threshold policy" in page)
+    other = tmp_path / "other"
+    SweepStore(other).append(curve_rows())
+    assert cli.main(["report", "--store", str(other), "--out", str(out), "--cdn"]) == 2
+    assert f"is the report of the rows in {store}" in capsys.readouterr().err
+    assert cli.main(["report", "--store", str(other), "--out", str(out), "--cdn", "--force"]) == 0

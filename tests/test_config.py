@@ -18,6 +18,7 @@ from sp_lab.config import (
     vllm_sp_min_token_num,
 )
 from sp_lab.rules import MatmulRule
+from sp_lab.vllm_releases import RELEASES, unknown_fields
 
 RULE = MatmulRule.from_dict(
     {
@@ -234,7 +235,9 @@ def test_file_layout():
     assert list(doc) == ["schema", "vllm", "sp_lab"]
     assert doc["schema"] == "sp_lab.config/1"
     assert doc["sp_lab"]["heuristic"]["tree"]["threshold"] == 1024
-    assert doc["vllm"]["pass_config"] == {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 128}
+    assert doc["vllm"]["release"] == "2026.03"
+    assert doc["vllm"]["compilation_config"]["pass_config"] == {
+        "enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 128}
 
 
 def test_from_dict_errors():
@@ -267,10 +270,11 @@ def test_from_json_file_errors(tmp_path):
         LabConfig.from_json(json.dumps({**doc, "vlm": {}}))
     with pytest.raises(ConfigError, match="sp_lab: missing"):
         LabConfig.from_json(json.dumps({"schema": "sp_lab.config/1"}))
-    doc["vllm"]["pass_config"]["sp_min_token_num"] = 2048
+    doc["vllm"]["compilation_config"]["pass_config"]["sp_min_token_num"] = 2048
     with pytest.raises(
         ConfigError,
-        match="vllm.pass_config.sp_min_token_num: the file says 2048 but its sp_lab section gives 128",
+        match="vllm.compilation_config.pass_config.sp_min_token_num: the file says 2048 but its sp_lab "
+        "section gives 128",
     ):
         LabConfig.from_json(json.dumps(doc))
     doc["sp_lab"]["enable_async_tp"] = "true"
@@ -282,17 +286,72 @@ def test_from_json_file_errors(tmp_path):
         LabConfig.from_json(tmp_path / "missing.json")
 
 
-def test_to_vllm():
-    v = LabConfig(async_tp_min_tokens=2048, enable_async_tp=False).to_vllm()
-    assert v == {
-        "pass_config": {"enable_sp": True, "fuse_gemm_comms": False, "sp_min_token_num": 2048},
-        "splitting_ops": ["sp_lab::attention"],
-        "compile_sizes": [],
-        "cudagraph_mode": "NONE",
-    }
-    assert LabConfig(cudagraphs=True).to_vllm()["cudagraph_mode"] == "PIECEWISE"
-    full = LabConfig(cudagraphs=True, compile_mode="full_graph").to_vllm()
-    assert full["cudagraph_mode"] == "FULL" and full["splitting_ops"] == []
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize(
+    "config",
+    [
+        LabConfig(async_tp_min_tokens=64),
+        LabConfig(async_tp_min_tokens=256, enable_async_tp=False, boundary="gather"),
+        LabConfig(async_tp_min_tokens=1, tp_size=4, cudagraphs=True),
+        LabConfig(enable_sp=False, enable_async_tp=False, heuristic=None),
+        LabConfig(async_tp_min_tokens=128, heuristic=RULE),
+    ],
+    ids=["fused-from-64", "sp-from-256", "fused-everywhere", "never", "with-rule"],
+)
+def test_to_vllm_uses_only_the_releases_field_names(config, release):
+    cc = config.to_vllm(release)
+    assert unknown_fields(cc, release) == []  # vLLM's pydantic configs forbid anything else
+    assert "sp_lab" not in json.dumps(cc)  # no op or field vLLM does not have
+    rel = RELEASES[release]
+    assert cc[rel.mode_field] == 3 and cc["pass_config"][rel.sp_flag] == config.enable_sp
+    assert cc["pass_config"][rel.async_tp_flag] == (config.enable_sp and config.enable_async_tp)
+    if not config.enable_sp:
+        assert set(cc["pass_config"]) == {rel.sp_flag, rel.async_tp_flag}
+        return
+    # what makes SP run: the whole graph in one piece, a CUDA-graph mode without piece boundaries, and the
+    # threshold where the release can express it
+    assert cc["splitting_ops"] == [] and cc["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    start = config.async_tp_min_tokens
+    if rel.sp_threshold_field:
+        assert cc["pass_config"][rel.sp_threshold_field] == start
+    else:
+        assert cc["compile_sizes"] and min(cc["compile_sizes"]) >= start
+        assert all(s % config.tp_size == 0 for s in cc["compile_sizes"])
+    if rel.ranges_field and start > 1:
+        assert cc[rel.ranges_field] == [start - 1]  # ranges [1, start - 1] and [start, ...]
+
+
+def test_to_vllm_names_the_known_releases_and_refuses_what_vllm_cannot_run():
+    with pytest.raises(ConfigError, match=r"unknown vLLM release '0.9'; known: 0.11, 0.12, 2026.03"):
+        LabConfig().to_vllm("0.9")
+    two_gates = LabConfig(sp_min_tokens=16, async_tp_min_tokens=256)
+    with pytest.raises(ConfigError, match="SP starts at 16 tokens and AsyncTP at 256"):
+        two_gates.to_vllm()
+    section = json.loads(two_gates.to_json())["vllm"]
+    assert "compilation_config" not in section and "one gate for both" in section["not_expressible"]
+    assert LabConfig.from_json(two_gates.to_json()) == two_gates
+    sizes = LabConfig(tp_size=8, async_tp_min_tokens=2048).to_vllm("0.11")["compile_sizes"]
+    assert sizes == [2048, 4096, 8192, 16384]  # SP only at static sizes: powers of two up to max_num_tokens
+    with pytest.raises(ConfigError, match="none from 6 to max_num_tokens=7"):
+        LabConfig(tp_size=8, async_tp_min_tokens=6, max_num_tokens=7).to_vllm("0.12")
+
+
+def test_vllm_section_of_an_older_file_is_not_checked():
+    doc = json.loads(LabConfig().to_json())
+    doc["vllm"] = {"pass_config": {"enable_sp": True}, "splitting_ops": ["sp_lab::attention"]}
+    assert LabConfig.from_json(json.dumps(doc)) == LabConfig()
+
+
+def test_sp_min_tokens_gates_sp_before_async_tp():
+    config = LabConfig(sp_min_tokens=16, async_tp_min_tokens=256, max_num_tokens=1024)
+    assert config.compile_ranges() == [(1, 15), (16, 255), (256, 1024)]
+    assert [config.sp_active_for(r) for r in config.compile_ranges()] == [False, True, True]
+    assert [config.async_tp_active_for(r) for r in config.compile_ranges()] == [False, False, True]
+    with pytest.raises(ValueError, match="straddles sp_min_tokens=16"):
+        config.sp_active_for((8, 32))
+    with pytest.raises(ConfigError, match=r"sp_min_tokens: must be in \[1, async_tp_min_tokens=256\], got 512"):
+        LabConfig(sp_min_tokens=512, async_tp_min_tokens=256)
+    assert LabConfig.from_json(config.to_json()) == config
 
 
 def test_export_tuned_config(tmp_path):
@@ -315,7 +374,7 @@ def test_export_tuned_config(tmp_path):
     )
     assert provenance["dtype"] == "bfloat16" and provenance["torch"] == torch.__version__
     assert provenance["data_hash"] == "abc123" and provenance["rows"] == 480 and "created_utc" in provenance
-    assert json.loads(path.read_text())["vllm"]["pass_config"]["sp_min_token_num"] == 1024
+    assert json.loads(path.read_text())["vllm"]["compilation_config"]["pass_config"]["sp_min_token_num"] == 1024
     hf = export_tuned_config(
         config,
         directory=tmp_path,
@@ -342,7 +401,7 @@ def test_export_tuned_config(tmp_path):
 
 
 def test_vllm_sp_min_token_num():
-    # BACKGROUND section 3: Llama-70B (hidden 8192) bf16 on Hopper.
+    # docs/thresholds.md: Llama-70B (hidden 8192) bf16 on Hopper.
     assert [vllm_sp_min_token_num(8192, 2, tp) for tp in (2, 4, 8)] == [1024, 2048, 4096]
     assert vllm_sp_min_token_num(8192, 2, 8, device_capability=(10, 0)) == 16384  # 32 MiB on Blackwell
     assert vllm_sp_min_token_num(8192, 1, 2) == 2048  # fp8 activations: half the bytes, twice the tokens

@@ -486,7 +486,7 @@ def check_traced(case: FuzzCase) -> None:
 
 @pytest.mark.filterwarnings(FAKE_GROUP_WARNING)
 def test_an_sp_range_ending_at_tp_plus_one_serves_every_count():
-    """Regression, found by the long profile: an SP range ending at tp + 1 compiled an artifact specialised to
+    """Regression: an SP range ending at tp + 1 compiled an artifact specialised to
     N = tp + 1, and every other count failed (piecewise with a BoundaryError blaming the residual, full_graph with
     a raw AssertionError 'expected size 2==3'). Fixed in 760dc85 (the token symbol's bounds are widened)."""
     base = next(c for c in CI_CASES if (c.boundary, c.compile_mode) == ("sharded", "piecewise"))

@@ -1,6 +1,6 @@
 """GPU: the AsyncTP pass emits PyTorch's symmetric-memory kernels, Inductor compiles them, and CUDA graphs capture them.
 
-One GPU means a one-rank NCCL group: the fused kernels run with no peer (BACKGROUND.md section 3 measured them
+One GPU means a one-rank NCCL group: the fused kernels run with no peer (docs/measured-h200.md: measured
 that way), which checks everything but the overlap itself -- op signatures, the getitem plumbing of
 ``fused_all_gather_matmul``, Inductor lowering, graph capture and numerics.
 """

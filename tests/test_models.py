@@ -264,13 +264,28 @@ def test_dynamo_graph_has_attention_op_and_no_collectives_at_tp1():
             "num_heads (num_attention_heads)=6",
         ),
         ({"num_kv_heads": 2}, 4, "num_kv_heads (num_key_value_heads)=2"),
-        ({"intermediate_size": 129}, 2, "output features of gate_proj=129"),
+        ({"intermediate_size": 129}, 2, "intermediate_size=129"),
     ],
 )
 def test_tp_size_that_does_not_divide_is_refused(overrides, tp_size, expected):
     with pytest.raises(ValueError, match="tp_size values that work") as info:
         models.build("toy", tp_size=tp_size, **overrides)
     assert expected in str(info.value) and f"tp_size={tp_size}" in str(info.value)
+
+
+def test_tp_sizes_that_work_divide_every_sharded_dimension_together():
+    # Llama-3-8B: 32 heads, 8 kv heads, intermediate 14336, vocab 128256 -> only 1, 2, 4, 8 divide them all
+    # (64 divides the MLP width and the vocabulary, not the heads).
+    with pytest.raises(ValueError) as info:
+        models.build("llama-3-8b", tp_size=64, device="meta")
+    message = str(info.value)
+    assert "num_heads (num_attention_heads)=32" in message and "num_kv_heads (num_key_value_heads)=8" in message
+    assert "intermediate_size" not in message.split(";")[0]  # only the dimensions it does not divide
+    assert message.endswith("tp_size values that work for this model: [1, 2, 4, 8]")
+    assert models.resolve_config("llama-3-70b").tp_sizes() == [1, 2, 4, 8]
+    # Each value offered really builds.
+    for tp_size in models.resolve_config("toy").tp_sizes():
+        models.build("toy", tp_size=tp_size, device="meta")
 
 
 def test_unknown_name_and_override_are_refused():

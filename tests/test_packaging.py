@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -142,3 +147,89 @@ def test_ci_runs_the_readme_test_command():
     assert test_commands[0] in ci_lines, (
         f".ci/run does not run the README's test command {test_commands[0]!r}"
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# A non-editable install: the wheel must carry everything sp_lab reads at run time.
+
+# Run by the installed interpreter from a directory outside the checkout: the package must come from
+# the venv, and the presets and H200 tables from inside it.
+_INSTALLED_CHECK = """
+import json, sys
+from pathlib import Path
+import sp_lab
+from sp_lab.models import available, build
+from sp_lab.tuning.simulate import MatmulTable
+
+package = Path(sp_lab.__file__).resolve().parent
+assert package.is_relative_to(Path(sys.prefix).resolve()), f"sp_lab imported from {package}, not the venv"
+model = build("llama-3-8b", tp_size=8, num_layers=2, device="meta")
+weight = model.model.layers[0].mlp.down_proj.weight
+table = MatmulTable.default()
+print(json.dumps({
+    "package": str(package), "presets": available(), "meta_device": weight.device.type,
+    "down_proj_shard": list(weight.shape), "h200_rows": table.rows.height,
+    "h200_files": [Path(f["path"]).name for f in table.provenance["files"]],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory) -> Path:
+    """A venv with sp_lab installed from a freshly built wheel (no index: torch and the other
+    dependencies come from the system site-packages, so nothing is downloaded)."""
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"
+    # Build from a copy so the checkout gets no build/ or egg-info, and only tracked inputs count.
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "sp_lab", src / "sp_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    dist = root / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-q", "-w", str(dist), str(src)],
+        check=True, capture_output=True, text=True,
+    )
+    (wheel,) = dist.glob("sp_lab-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    assert "sp_lab/data/models/llama-3-70b.json" in names
+    assert "sp_lab/data/h200/gemm_chunking_tp8.json" in names
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                   check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
+         str(wheel)],
+        check=True, capture_output=True, text=True,
+    )
+    return python
+
+
+def _outside_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a worktree on the path would win
+    return env
+
+
+def test_wheel_installs_and_runs_from_another_directory(installed_wheel, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    help_text = subprocess.run(
+        [str(installed_wheel), "-m", "sp_lab", "run", "--help"],
+        cwd=elsewhere, env=_outside_env(), capture_output=True, text=True, check=True,
+    ).stdout
+    assert "usage:" in help_text and " run" in help_text
+
+    result = subprocess.run(
+        [str(installed_wheel), "-c", _INSTALLED_CHECK],
+        cwd=elsewhere, env=_outside_env(), capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "site-packages" in facts["package"] and not facts["package"].startswith(str(REPO))
+    assert {"toy", "llama-2-7b", "llama-3-8b", "llama-3-70b", "mistral-7b", "qwen2.5-7b"} <= set(facts["presets"])
+    # llama-3-8b: intermediate 14336 / tp 8 = 1792 input columns of down_proj's shard, hidden 4096 rows.
+    assert facts["meta_device"] == "meta" and facts["down_proj_shard"] == [4096, 1792]
+    assert facts["h200_rows"] > 0 and "gemm_chunking_tp8.json" in facts["h200_files"]

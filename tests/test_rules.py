@@ -167,7 +167,7 @@ def test_wrapper_validation():
         MatmulRule(Leaf("fuse"), meta={"x": object()})
     with pytest.raises(RuleError, match="not valid JSON"):
         MatmulRule.from_json("{not json")
-    with pytest.raises(FileNotFoundError, match="no such JSON file"):
+    with pytest.raises(FileNotFoundError, match="no such rule file"):
         MatmulRule.from_json("/nonexistent/rule.json")
 
 

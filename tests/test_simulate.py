@@ -80,7 +80,7 @@ def test_predicted_sweep_is_labelled_and_has_the_expected_shape(table):
     assert set(sweep["variant"]) == {"baseline", "sp", "sp+async_tp"} and sweep["num_layers"][0] == 80
     wide = sweep.pivot(on="variant", index="num_tokens", values="latency_us").sort("num_tokens")
     small, large = wide.row(0, named=True), wide.row(-1, named=True)
-    # Decode: the 8-way chunking penalty dominates (BACKGROUND section 3), fusion loses badly.
+    # Decode: the 8-way chunking penalty dominates (docs/measured-h200.md), fusion loses badly.
     assert small["sp+async_tp"] > 2 * small["baseline"]
     # Prefill at 16K tokens: the hidden communication outweighs the penalty.
     assert large["sp+async_tp"] < large["sp"] < large["baseline"]

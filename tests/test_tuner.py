@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 
 from sp_lab.config import LabConfig, load_tuned_config
+from sp_lab.tuning.regret import regret_table
+from sp_lab.viz.latency import CONFIG_META
+from sp_lab.widgets import tuner as tuner_module
 from sp_lab.widgets.tuner import TunerState, simulated_rows, tune
 
 TOKENS = [1, 8, 64, 512]
@@ -28,30 +33,35 @@ def rows() -> pl.DataFrame:
     return pl.DataFrame([_row(v, t) for v in LATENCY for t in TOKENS])
 
 
-def test_gated_curve_and_regret_follow_the_threshold(rows):
+def test_the_config_curve_and_regret_follow_the_threshold(rows):
     state = TunerState(tp=2)
     state.set_rows(rows)
     state.threshold = 1
     assert state.gated()["latency_us"].to_list() == [300.0, 310.0, 250.0, 600.0]
     state.threshold = 512
     assert state.gated()["latency_us"].to_list() == [100.0, 110.0, 200.0, 600.0]
-    assert state.regret()["regret_us"].sum() == 0.0
+    assert state.regret()["regret_rel"].sum() == 0.0
     state.threshold = 64
-    assert state.regret().filter(pl.col("num_tokens") == 64)["regret_us"].item() == pytest.approx(50.0)
+    assert state.regret().filter(pl.col("num_tokens") == 64)["regret_rel"].item() == pytest.approx(0.25)
+    state.threshold = None  # "never": baseline everywhere
+    assert state.gated()["variant_run"].to_list() == ["baseline"] * 4
+    assert state.regret().equals(regret_table(rows, state.tuned_config()))  # the one regret
 
 
-def test_recommendation_is_the_least_regret_threshold(rows):
+def test_recommendation_selects_the_least_regret_policy(rows):
     state = TunerState(tp=2)
     state.set_rows(rows)
-    assert state.recommendation().threshold == 512
+    rec = state.use_recommended()
+    assert rec.policy.name == "baseline below 512, sp+async_tp from 512"
+    assert state.threshold == 512 and state.shape == ("baseline", "sp+async_tp")
 
 
 def test_rows_arrive_one_by_one_and_recommendation_waits_for_both_variants():
     state = TunerState(tp=2)
     state.add_row(_row("baseline", 8))
-    assert not state.can_recommend() and state.gated().height == 0
+    assert state.recommendation() is None  # one variant: nothing to choose between yet
     state.add_row(_row("sp+async_tp", 8))
-    assert state.can_recommend() and state.done == 2
+    assert state.recommendation() is not None and state.done == 2
 
 
 def test_mixed_sources_are_refused(rows):
@@ -60,15 +70,17 @@ def test_mixed_sources_are_refused(rows):
         state.set_rows(pl.concat([rows, rows.with_columns(source=pl.lit("simulated"))]))
 
 
-def test_export_round_trips_the_threshold(rows, tmp_path):
+def test_export_round_trips_the_policy(rows, tmp_path):
     state = TunerState(tp=2, config=LabConfig(tp_size=2))
     state.set_rows(rows)
     state.threshold = 64
     path = state.export(tmp_path)
     config, provenance = load_tuned_config(path)
     assert config.async_tp_min_tokens == 64 and config.enable_sp and config.enable_async_tp
-    assert provenance["recommended_async_tp_min_tokens"] == 512
+    assert provenance["recommendation"]["async_tp_min_tokens"] == 512
+    assert provenance["async_tp_min_tokens"] == "64"
     assert provenance["data_hash"] == state.data_hash()
+    assert provenance["regret"]["per_token"]["64"]["regret_rel"] == pytest.approx(0.25)
 
 
 def test_export_without_rows_says_what_to_do(tmp_path):
@@ -89,32 +101,53 @@ def test_simulated_replay_is_labelled_and_has_the_plot_columns():
     assert not set(SWEEP_COLUMNS) - set(df.columns)
 
 
-def test_widget_slider_redraws_the_gated_trace_and_replays(rows, tmp_path):
+def _gated_trace(tuner):
+    return next(t for t in tuner.figure.data if t.meta == CONFIG_META)
+
+
+def test_widget_slider_moves_the_config_curve_to_what_the_config_runs(rows, tmp_path):
     tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=rows)
-    gated = next(t for t in tuner.figure.data if t.meta == "gated")
-    assert tuner.slider.value == 512 and list(gated.y) == [100.0, 110.0, 200.0, 600.0]
-    tuner.slider.value = 1  # what dragging the slider does
-    gated = next(t for t in tuner.figure.data if t.meta == "gated")
-    assert list(gated.y) == [300.0, 310.0, 250.0, 600.0]
+    assert tuner.slider.value == "512" and list(_gated_trace(tuner).y) == [100.0, 110.0, 200.0, 600.0]
+    tuner.slider.value = "1"  # what dragging the slider does
+    assert list(_gated_trace(tuner).y) == [300.0, 310.0, 250.0, 600.0]
+    tuner.slider.value = "never"
+    assert list(_gated_trace(tuner).y) == [100.0, 110.0, 200.0, 1000.0]
     assert "recommended" in tuner.regret_html.value
-    assert tuner.export() is not None and "exported" in tuner.status.value
     latency = [t for t in tuner.figure.data if str(t.meta).startswith("latency:")]
     assert {t.name for t in latency} == {"baseline", "sp+async_tp"}
 
 
-def test_half_measured_token_counts_are_left_out_silently(rows, recwarn):
-    state = TunerState(tp=2)
-    state.set_rows(rows.filter(~((pl.col("variant") == "sp+async_tp") & (pl.col("num_tokens") == 512))))
-    assert state.gated()["num_tokens"].to_list() == [1, 8, 64]
-    assert not [w for w in recwarn if "lack one of" in str(w.message)]
-
-
-def test_never_fuse_recommendation_exports_sp_off(tmp_path):
+def test_never_is_one_explicit_value_in_widget_file_and_provenance(tmp_path):
     slow = pl.DataFrame([_row(v, t) for v in LATENCY for t in TOKENS[:3]])  # fusion never wins below 512
-    state = TunerState(tp=2)
-    state.set_rows(slow)
-    rec = state.recommendation()
-    assert rec.never_fuse
-    state.threshold = rec.threshold
-    config, _ = load_tuned_config(state.export(tmp_path))
+    tuner = tune("toy", tp=2, token_counts=TOKENS[:3], store_dir=None, export_dir=tmp_path, replay=slow)
+    assert tuner.slider.value == "never" and tuner.state.threshold is None
+    path = tuner.export()
+    config, provenance = load_tuned_config(path)
     assert not config.enable_sp and not config.enable_async_tp
+    assert provenance["async_tp_min_tokens"] == "never"
+    assert provenance["recommendation"]["async_tp_min_tokens"] == "never"
+    assert provenance["policy"] == "baseline everywhere (SP and AsyncTP never)"
+    # what the file says is what the widget printed
+    assert f"{provenance['policy']} (async_tp_min_tokens=never)" in tuner.status.value
+    assert json.loads(path.read_text())["vllm"]["compilation_config"]["pass_config"]["enable_sp"] is False
+
+
+def test_each_arriving_row_redraws_the_plot(rows, monkeypatch, tmp_path):
+    """A live sweep's k rows arriving one by one give k points, the figure redrawn after each."""
+    ordered = rows.sort("num_tokens", "variant").to_dicts()
+    seen: list[int] = []
+    tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=str(tmp_path), export_dir=tmp_path)
+
+    def fake_launch_sweep(model, *, on_row, **kwargs):
+        for row in ordered:
+            on_row(row)
+            seen.append(sum(len(t.x) for t in tuner.figure.data if str(t.meta).startswith("latency:")))
+        return type("Result", (), {"rows": ordered, "skipped": 0, "store_dir": str(tmp_path)})()
+
+    import sp_lab.bench.sweep
+
+    monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", fake_launch_sweep)
+    tuner.run_sweep()
+    assert seen == list(range(1, len(ordered) + 1))
+    assert tuner.progress.value == len(ordered)
+    assert tuner_module.TunerState is TunerState

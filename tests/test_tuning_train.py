@@ -114,7 +114,7 @@ def test_rule_trained_on_fixture_reproduces_its_decisions(trained, rows):
 
 
 def test_rule_does_not_fuse_decode_gemm_the_draft_tree_fused(trained):
-    # BACKGROUND section 3: the draft's tree said "fuse" for M=1, K=8192, N=28672 (Llama-70B gate_up at TP=2).
+    # docs/thresholds.md: the draft's tree said "fuse" for M=1, K=8192, N=28672 (Llama-70B gate_up at TP=2).
     for tp in (2, 4, 8):
         assert trained.rule.decide(1, 28672, 8192, tp) in ("no_fuse", "unsure")
     assert trained.rule.decide(16384, 28672, 8192, 2) == "fuse"

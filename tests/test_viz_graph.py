@@ -1,88 +1,143 @@
-"""Tests for sp_lab.viz.graph: assertions on the data layer, smoke renders of the figures.
+"""Tests for the split-graph explorer (sp_lab.viz): assertions on the data layer, smoke renders of the figures.
 
-Reports come from tests/data/synthetic_*.json (written by tests/synthetic_reports.py; SYNTHETIC,
-shaped after the CompileReport schema until the compiler's own reports replace them).
+Every report is a REAL one: ``tests/data/explorer/<model>_<strategy>.json.gz``, written by
+``tests/data/make_explorer_fixtures.py`` (toy, toy with an in-place residual, a llama-3-8b-shaped model; every
+boundary strategy; tp 2 under the fake process group). Regenerate them when the report format changes.
 """
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import logging
 import warnings
+from pathlib import Path
 
 import polars as pl
 import pytest
 
 go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
-import synthetic_reports as sr
 
-from sp_lab.viz import graph
+from sp_lab.viz import dag_layout, graph
+from sp_lab.viz.piece_graph import is_folded
+from sp_lab.viz.report_input import to_plain
 
-FIXTURES = {
-    (model, strategy): sr.DATA_DIR / f"synthetic_{model}_{strategy}.json"
-    for model in ("toy", "toy_inplace", "llama") for strategy in sr.STRATEGIES
-}
-LAYERS = {"toy": 2, "toy_inplace": 2, "llama": 4}
+DATA = Path(__file__).parent / "data" / "explorer"
+MODELS = ("toy", "toy_inplace", "llama")
+STRATEGIES = ("none", "gather_erase", "gather", "sharded")
+TP = 2
+HIDDEN = {"toy": 64, "toy_inplace": 64, "llama": 128}  # float32: 4 bytes per element
+
+
+def _path(model: str, strategy: str) -> Path:
+    return DATA / f"{model}_{strategy}.json.gz"
 
 
 @pytest.fixture(scope="module")
 def reports() -> dict:
-    return {key: graph.load_report(path) for key, path in FIXTURES.items()}
+    return {(m, s): graph.load_report(_path(m, s)) for m, s in itertools.product(MODELS, STRATEGIES)}
 
 
 def _all_text(fig: go.Figure) -> str:
     return "\n".join(str(t) for trace in fig.data for t in (trace.text or ()) if t is not None)
 
 
-def test_fixtures_match_generator(tmp_path):
-    """The saved JSON must be what the generator writes today, or tests read stale shapes."""
-    for path in sr.write_fixtures(tmp_path):
-        saved = sr.DATA_DIR / path.name
-        assert json.loads(saved.read_text()) == json.loads(path.read_text()), (
-            f"{saved} is stale: run python tests/synthetic_reports.py")
+ALL = list(itertools.product(MODELS, STRATEGIES))
+IDS = ["-".join(k) for k in ALL]
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+@pytest.mark.parametrize("key", ALL, ids=IDS)
+def test_fixture_is_what_the_compiler_reads_back(key):
+    """The compiler's strict loader accepts every fixture: they are in today's report format (else regenerate)."""
+    from sp_lab.compiler.report import CompileReport
+
+    data = json.loads(gzip.decompress(_path(*key).read_bytes()))
+    report = CompileReport.from_dict(data)
+    assert report.provenance["backend"] == "fake" and report.provenance["tp_size"] == TP
+    assert [r.enable_sp for r in report.ranges] == [False, True]
 
 
 # ------------------------------------------------------------------------------------------ overview
 
-@pytest.mark.parametrize("key", sorted(FIXTURES), ids=lambda k: "-".join(k))
-def test_overview_structure_every_strategy(reports, key):
+@pytest.mark.parametrize("key", [k for k in ALL if k != ("toy_inplace", "none")], ids=lambda k: "-".join(k))
+def test_overview_pieces_say_what_they_run(reports, key):
     model, strategy = key
     data = graph.overview_data(reports[key])
-    n_layers = LAYERS[model]
-    assert len(data.pieces) == 2 * n_layers + 1
-    assert [p.kind for p in data.pieces[:3]] == ["compiled", "splitting_op", "compiled"]
-    assert len(data.boundaries) == 2 * n_layers
-    residual = [t for b in data.boundaries for t in b.tensors if t.name == "residual"]
-    assert residual and all(t.sharded_after == (strategy in ("sharded", "none")) for t in residual)
-    if strategy in ("sharded", "none"):
-        assert all(t.shape_after[0] == "(s0 + 1)//2" for t in residual)
-    else:
-        assert all(t.shape_after == t.shape_before for t in residual)
-    # Every piece appears exactly once in the collapsed lane.
-    covered = [i for item in data.lane() for i in (item.pieces if isinstance(item, graph.PieceGroup) else [item.index])]
-    assert covered == [p.index for p in data.pieces]
+    assert data.range.index == 1 and data.range.enable_sp and data.range.enable_async_tp  # default: the SP range
+    assert [p.kind for p in data.pieces] == ["compiled", "splitting_op"] * 2 + ["compiled"]
+    ops = [p.ops_text for p in data.pieces if p.kind == "compiled"]
+    # Every piece fuses AsyncTP's matmuls; the last all-gathers for the final norm's output.
+    assert ops[0].endswith("1 AG+mm") and ops[1].endswith("2 AG+mm · 2 mm+RS") and ops[2].endswith("2 AG+mm · 2 mm+RS")
+    # gather keeps the in-place residual's copy_ and all-gathers into it: one more AG in the last piece.
+    assert ops[2].startswith("2 AG ·" if key == ("toy_inplace", "gather") else "1 AG ·")
+    if strategy in ("gather", "gather_erase"):
+        # The re-gather at the boundary: every piece that hands a residual on all-gathers it...
+        assert ops[0] == "1 RS · 1 AG · 1 AG+mm"
+        if not (model == "toy_inplace" and strategy == "gather_erase"):
+            assert ops[1].startswith("1 AG ·")
+        else:  # ...except where gather_erase erased the in-place residual's copy_: no gather, the write is lost
+            assert ops[1] == "2 AG+mm · 2 mm+RS"
+    else:  # sharded (and none): the residual leaves piece 0 as a shard; nothing re-gathers it
+        assert ops[:2] == ["1 RS · 1 AG+mm", "2 AG+mm · 2 mm+RS"]
+    for p in data.pieces:
+        assert (p.compile_text != "") == (p.kind == "compiled")
     fig = graph.build_overview_figure(data)
-    assert isinstance(fig, go.Figure) and "tokens 1-127" in fig.layout.title.text
+    text = _all_text(fig)
+    assert all(o.split(" · ")[0] in text for o in ops) and "B/tok" in text
 
 
-@pytest.mark.parametrize("model", ["toy", "toy_inplace", "llama"])
-def test_strategy_none_marks_failing_boundary_with_check_and_shapes(reports, model):
+@pytest.mark.parametrize("model", MODELS)
+def test_boundary_bytes_per_token_sharded_vs_full(reports, model):
+    """The sharded residual hands over hidden*4/tp bytes per token; gather the full hidden*4."""
+    residual = HIDDEN[model] * 4
+    gather = graph.overview_data(reports[(model, "gather")]).boundaries
+    sharded = graph.overview_data(reports[(model, "sharded")]).boundaries
+    assert len(gather) == len(sharded) == 2
+    for g, s in zip(gather, sharded):
+        assert g.sharded_bytes_per_token == 0
+        assert s.sharded_bytes_per_token == residual / TP
+        assert g.bytes_per_token - s.bytes_per_token == residual - residual / TP
+        assert [t.sharded_after for t in s.tensors].count(True) == 1
+        assert g.bytes_per_token == sum(t.bytes_per_token_after for t in g.tensors)
+    assert f"{sharded[0].sharded_bytes_per_token:,.0f} sharded" in sharded[0].text
+
+
+@pytest.mark.parametrize("model", ["toy", "llama"])
+def test_none_fails_at_the_guard_and_is_drawn_red(reports, model):
     data = graph.overview_data(reports[(model, "none")])
     (failure,) = data.failures
-    expected_check = "copy_epilogue" if model == "toy_inplace" else "assert_size_stride"
-    assert failure.check == expected_check and failure.piece == 2
-    assert failure.boundary == 1  # the cut attention(1) -> piece 2 fed the bad residual
-    assert data.boundaries[1].failures == (failure,)
-    assert failure.expected_shape[0] == "s0" and failure.actual_shape[0] == "(s0 + 1)//2"
-    assert data.range.compiled == (model != "toy_inplace")  # copy_ fails at compile time, the guard at run time
-    text = _all_text(graph.build_overview_figure(data))
-    assert expected_check in text and "expected [s0," in text and "got [(s0 + 1)//2," in text
+    assert failure.check == "assert_size_stride" and failure.piece == 2 and failure.boundary == 0
+    assert data.boundaries[0].failures == (failure,)
+    # Raised at the first call, 13 tokens: the piece was compiled for all of them and got ceil(13 / tp).
+    assert str(failure.expected_shape[0]).startswith("s") and failure.actual_shape[0] == (13 + 1) // TP
+    assert failure.expected_shape[1:] == failure.actual_shape[1:] == (HIDDEN[model],)
+    fig = graph.build_overview_figure(data)
+    failed = [t for t in fig.data if t.name == "failed check"]
+    assert failed and failed[0].line.color == "#d62728"  # the failing piece's box, red
+    assert "assert_size_stride failed (piece 2)" in _all_text(fig)
+
+
+def test_in_place_none_fails_while_compiling_and_is_still_drawn(reports):
+    """A real in-place ``none`` failure raises while compiling and leaves no pieces: the overview must not say
+    "not compiled yet"; it draws the failure in red."""
+    data = graph.overview_data(reports[("toy_inplace", "none")])
+    assert data.range.index == 1 and not data.range.compiled and data.pieces == ()
+    (failure,) = data.failures
+    assert failure.check == "copy_epilogue" and failure.piece == 2 and failure.boundary is None
+    fig = graph.build_overview_figure(data)
+    title = fig.layout.title.text
+    assert "compile failed" in title and "not compiled yet" not in title
+    assert "copy_epilogue failed (piece 2)" in _all_text(fig) and any(t.name == "failed check" for t in fig.data)
+    with pytest.raises(IndexError, match="compile failed"):
+        graph.piece_diff_data(reports[("toy_inplace", "none")], None, 2)
 
 
 def test_gather_erase_marks_erased_copies_unsafe(reports):
     data = graph.overview_data(reports[("toy_inplace", "gather_erase")])
-    assert data.range.numerically_unsafe
-    assert [e.piece for e in data.erased] == [2]  # middle compiled pieces only
+    assert data.range.numerically_unsafe and [e.piece for e in data.erased] == [2, 4]
     assert "unsafe: copy_ erased" in _all_text(graph.build_overview_figure(data))
     # Out-of-place residuals have no copy_ to erase: the same strategy is safe there.
     safe = graph.overview_data(reports[("toy", "gather_erase")])
@@ -90,167 +145,219 @@ def test_gather_erase_marks_erased_copies_unsafe(reports):
     assert "unsafe" not in _all_text(graph.build_overview_figure(safe))
 
 
-def test_sharded_tensors_drawn_apart_from_full(reports):
-    fig = graph.build_overview_figure(graph.overview_data(reports[("llama", "sharded")]))
-    by_name = {t.name: t for t in fig.data if t.name}
-    assert all("sharded" in s for s in by_name["sharded tensor"].text)
-    assert not any("sharded" in s for s in by_name["full tensor"].text)
-    assert by_name["sharded tensor"].textfont.color != by_name["full tensor"].textfont.color
-
-
-def test_identical_layers_collapse_and_expand():
-    report = sr.make_report(sr.LLAMA_3_8B, num_layers=32, strategy="sharded")
-    data = graph.overview_data(report)
+def test_identical_layers_collapse_and_expand(reports):
+    """Two layers are too few to repeat; a report with the middle layer copied five times collapses to a group."""
+    base = graph.as_report(reports[("llama", "sharded")])
+    plain = to_plain(base)
+    rng = plain["ranges"][1]
+    first, middle_attn, middle, _last_attn, last = rng["pieces"]
+    pieces = [first, middle_attn] + [dict(middle), dict(middle_attn)] * 5 + [last]
+    pieces = [dict(p, index=i, name=f"submod_{i}") for i, p in enumerate(pieces)]
+    rng["pieces"] = pieces
+    b0, b1 = rng["boundaries"]
+    rng["boundaries"] = [dict(b0 if i == 0 else b1, index=i, after_piece=2 * i, before_piece=2 * i + 2)
+                         for i in range(6)]
+    data = graph.overview_data(plain, 1)
     (group,) = data.groups
-    assert group.label == "pieces 2-62 x31" and group.period == 2 and group.repeats == 31
-    assert len(data.lane()) == 5  # piece 0, attention 1, the group, attention 63, the last piece
+    assert (group.label, group.period) == ("pieces 2-10 x5", 2)
     assert [type(i).__name__ for i in data.lane()] == ["PieceBox", "PieceBox", "PieceGroup", "PieceBox", "PieceBox"]
-    assert len(data.lane(expand=True)) == len(data.pieces) == len(data.lane(expand=[group.id]))
-    collapsed = graph.plot_overview(report)
-    expanded = graph.plot_overview(report, expand=True)
-    assert "pieces 2-62 x31" in _all_text(collapsed) and "pieces 2-62" not in _all_text(expanded)
-    with pytest.raises(ValueError, match="g7.*g0 \\(pieces 2-62 x31\\)"):
+    covered = [i for item in data.lane() for i in (item.pieces if isinstance(item, graph.PieceGroup) else [item.index])]
+    assert covered == [p.index for p in data.pieces]
+    assert len(data.lane(expand=True)) == len(data.pieces)
+    assert group.label in _all_text(graph.build_overview_figure(data))
+    with pytest.raises(ValueError, match="g7"):
         data.lane(expand=["g7"])
-
-
-def test_a_different_layer_splits_the_run():
-    report = sr.make_report(sr.LLAMA_3_8B, num_layers=8, strategy="sharded")
-    report["ranges"][0]["pieces"][8]["fingerprint"] = "a layer the passes treated differently"
-    labels = [g.label for g in graph.overview_data(report, 0).groups]
-    assert labels == ["pieces 2-6 x3", "pieces 10-14 x3"]
 
 
 def test_range_selection_and_errors(reports):
     report = reports[("toy", "sharded")]
-    assert graph.overview_data(report, 1).range.enable_async_tp
+    assert not graph.overview_data(report, 0).range.enable_sp
     assert graph.overview_data(report, -1).range.index == 1
-    with pytest.raises(IndexError, match="0: tokens 1-127, 1: tokens 128-16384"):
+    with pytest.raises(IndexError, match="0: tokens 1-7, 1: tokens 8-64"):
         graph.overview_data(report, 5)
     with pytest.raises(ValueError, match="schema"):
         graph.overview_data({"schema": "something/else", "ranges": [{}]})
     with pytest.raises(FileNotFoundError, match="to_json"):
         graph.load_report("/nonexistent/report.json")
 
-    class ReportLike:  # the compiler's CompileReport exposes to_dict()
-        def to_dict(self):
-            return report
 
-    assert graph.overview_data(ReportLike()).pieces == graph.overview_data(report).pieces
-
-
-def test_overview_of_80_layer_70b_report_is_fast():
-    """The issue's bar (< 2 s on CPU); benchmarks/bench_explorer.py measures it properly."""
-    import time
-
-    report = sr.llama_70b_tp8_report()
-    start = time.perf_counter()
-    data = graph.overview_data(report)
-    fig = graph.build_overview_figure(data)
-    elapsed = time.perf_counter() - start
-    assert len(data.pieces) == 161 and [g.label for g in data.groups] == ["pieces 2-158 x79"]
-    assert "pieces 2-158 x79" in _all_text(fig)
-    assert elapsed < 2.0, f"overview took {elapsed:.2f} s"
-
-
-def test_uncompiled_range_is_skipped_by_default_and_explained(reports):
-    # The compiler builds ranges lazily: a range no token count has hit yet has no pieces.
-    report = json.loads(json.dumps(reports[("toy", "sharded")]))
-    report["ranges"][0].update(pieces=[], boundaries=[], compiled=False, compile_time_s=0.0)
-    assert graph.overview_data(report).range.index == 1
-    empty = graph.overview_data(report, 0)
+def test_uncompiled_range_is_explained(reports):
+    plain = to_plain(reports[("toy", "sharded")])
+    plain["ranges"][1].update(pieces=[], boundaries=[], compiled=False, compile_time_s=0.0)
+    assert graph.overview_data(plain).range.index == 0  # the range with pieces
+    empty = graph.overview_data(plain, 1)
     assert empty.pieces == () and empty.lane() == []
     assert "not compiled yet" in graph.build_overview_figure(empty).layout.title.text
     with pytest.raises(IndexError, match="not compiled"):
-        graph.piece_diff_data(report, 0, 2)
+        graph.piece_diff_data(plain, 1, 2)
 
 
-# ------------------------------------------------------------------------------------------ drill-down
+# ------------------------------------------------------------------------------------------ drill-down data
 
-def test_piece_diff_shows_what_the_passes_changed(reports):
-    diff = graph.piece_diff_data(reports[("llama", "sharded")], range_index=1, piece_index=2)
-    added_kinds = {n.kind for n in diff.after.nodes if n.changed}
-    assert {"fused"} <= added_kinds
-    assert {n.name for n in diff.after.nodes if n.changed} == set(diff.added)
-    assert {n.name for n in diff.before.nodes if n.changed} == set(diff.removed)
-    assert any(n.startswith("all_reduce") for n in diff.removed)
+@pytest.mark.parametrize("key", [k for k in ALL if k != ("toy_inplace", "none")], ids=lambda k: "-".join(k))
+def test_collapsed_graph_accounts_for_every_node(reports, key):
+    report = reports[key]
+    for piece in (0, 2, 4):
+        diff = graph.piece_diff_data(report, None, piece)
+        raw = report.ranges[1].pieces[piece]
+        for collapsed, snapshot in ((diff.after, raw.graph_after), (diff.before, raw.graph_before)):
+            folded = sum(is_folded(n) for n in snapshot.nodes)
+            assert sum(n.count for n in collapsed.nodes) + folded == len(snapshot.nodes)
+            ids = {n.id for n in collapsed.nodes}
+            assert all(a in ids and b in ids and a != b for a, b in collapsed.edges)
+            assert len(collapsed.nodes) < len(snapshot.nodes) / 2  # collapsing is worth it
+        # Nothing the passes added is lost from view: every added node not folded sits in a changed box.
+        shown = {m for n in diff.after.nodes if n.changed for m in n.members}
+        assert {a for a in diff.added if diff.after.node_of(a)} <= shown
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES[1:])
+def test_llama_norms_collapse_into_one_box_with_their_module(reports, strategy):
+    diff = graph.piece_diff_data(reports[("llama", strategy)], None, 2)
+    norms = [n for n in diff.after.nodes if n.kind == "norm"]
+    # RMSNorm: pow, mean, add, rsqrt, mul, mul -- post_attention_layernorm of layer 0 and input_layernorm of 1.
+    assert [n.count for n in norms] == [6, 6]
+    assert [n.ops[0] for n in norms] == ["pow", "pow"] and [n.ops[-1] for n in norms] == ["mul", "mul"]
+    if strategy == "sharded":
+        # SP rewrote the whole graph before the split, and the nodes it creates carry no module: inferred, marked.
+        assert all(n.module is None or (n.module_inferred and " · ~" in n.label) for n in norms)
+    else:  # in-piece SP re-creates each norm on the shard: it takes the module of the norm it replaces
+        assert [n.module for n in norms] == ["model.layers.0.post_attention_layernorm",
+                                             "model.layers.1.input_layernorm"]
+    assert norms[0].label.startswith("pow…mul ×6 · ")
+    matmuls = [n for n in diff.before.nodes if n.kind == "matmul"]
+    assert [n.module.rsplit(".", 1)[-1] for n in matmuls] == ["o_proj", "gate_up_proj", "down_proj", "qkv_proj"]
+    if strategy != "sharded":  # (the whole-graph SP re-creates the matmuls: no stack trace)
+        assert all(n.sources and n.sources[0].startswith("layers.py:") for n in matmuls)  # the source line
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("strategy", ["gather_erase", "gather", "sharded"])
+def test_diff_regions_account_for_every_rewrite(reports, model, strategy):
+    diff = graph.piece_diff_data(reports[(model, strategy)], None, 2)
     counts = {r["op"]: r for r in diff.op_counts.iter_rows(named=True)}
-    assert counts["all_reduce"]["delta"] == -2 and counts["fused_matmul_reduce_scatter"]["after"] == 2
-    for layout in (diff.before, diff.after):
-        depth = {n.name: n.depth for n in layout.nodes}
-        assert all(depth[b] > depth[a] for a, b in layout.edges)
-        for n in (n for n in layout.nodes if n.kind == "input"):  # inputs sit just before their first reader
-            assert depth[n.name] == min(depth[b] for a, b in layout.edges if a == n.name) - 1
-    fig = graph.plot_piece(reports[("llama", "sharded")], 2, range_index=1)
-    widths = [w for t in fig.data if t.marker and t.marker.line and t.marker.line.width is not None
-              for w in (t.marker.line.width if isinstance(t.marker.line.width, tuple) else ())]
-    assert max(widths) > min(widths)  # changed nodes are outlined thicker
-    assert "all_reduce 2→0" in fig.layout.title.text
+    fused = [r for r in diff.regions if "AsyncTP" in r.title]
+    # Every fused op sits in a region titled with it.
+    for key, short in (("fused_all_gather_matmul", "AG+mm"), ("fused_matmul_reduce_scatter", "mm+RS")):
+        in_regions = [a for r in fused for a in r.added if key in a]
+        assert len(in_regions) == counts[key]["after"] == 2
+        assert all(short in r.title for r in fused if any(key in a for a in r.added))
+    for region in diff.regions:
+        assert set(region.removed) <= set(diff.removed) and set(region.added) <= set(diff.added)
+        assert any(n.changed for n in (*region.before.nodes, *region.after.nodes))
+    if strategy == "sharded":
+        # SP ran on the whole graph before the split: the piece's own pass only fused (AsyncTP).
+        assert all(r.title.startswith("AsyncTP:") for r in fused)
+        assert counts["all_reduce"]["before"] == 0
+    else:
+        # In-piece SP: each all_reduce of o_proj / down_proj became a reduce_scatter fused into its matmul.
+        assert counts["all_reduce"]["before"] == 2 and counts["all_reduce"]["after"] == 0
+        mm_rs = [r for r in fused if "mm+RS" in r.title]
+        assert all(r.title.split("→")[0].split(":")[1].strip().startswith("1 AR, ") for r in mm_rs)
+        assert [r.module.rsplit(".", 1)[-1] for r in mm_rs] == ["o_proj", "down_proj"]
 
 
-def test_splitting_op_piece_is_unchanged(reports):
-    diff = graph.piece_diff_data(reports[("toy", "sharded")], piece_index=1)
-    assert diff.piece.kind == "splitting_op" and not diff.added and not diff.removed
+def test_search_by_op_and_module(reports):
+    diff = graph.piece_diff_data(reports[("llama", "gather")], None, 2)
+    fused = diff.after.search("mm+RS")
+    assert len(fused) == 2 and all(diff.after.node_of(i) == i for i in fused)
+    mlp = diff.after.search("MLP")
+    assert mlp and all("mlp" in (n.module or "") for n in diff.after.nodes if n.id in mlp)
+    assert diff.after.search("") == () and diff.after.search("no such op") == ()
+    fig = graph.build_piece_figure(diff, "after", search="mm+RS")
+    (found,) = [t for t in fig.data if t.name == "search match"]
+    assert sum(x is None for x in found.x) == 2  # two outlined boxes
+
+
+def test_tensor_links_find_producers_and_consumers(reports):
+    report = reports[("llama", "gather")]
+    data = graph.overview_data(report)
+    residual = next(i for i, t in enumerate(data.boundaries[0].tensors) if t.shape_after[-1] == HIDDEN["llama"])
+    links = graph.tensor_links(report, None, 0, residual)
+    assert links.producers and all(p.piece == 0 for p in links.producers)
+    assert links.consumers and all(c.piece == 2 for c in links.consumers)
+    with pytest.raises(IndexError, match="boundaries"):
+        graph.tensor_links(report, None, 7, 0)
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+def test_dot_layout_is_layered_top_to_bottom(reports):
+    diff = graph.piece_diff_data(reports[("llama", "sharded")], None, 2)
+    nodes = tuple((n.id, n.label) for n in diff.after.nodes)
+    layout = graph.dot_layout(nodes, diff.after.edges)
+    pos = {p.id: p for p in layout.nodes}
+    assert set(pos) == {n.id for n in diff.after.nodes}
+    assert all(pos[a].y > pos[b].y for a, b in diff.after.edges)  # every edge points down
+    assert len(layout.edges) == len(diff.after.edges) and all(len(line) >= 2 for _, _, line in layout.edges)
+    # Boxes on one rank do not overlap.
+    by_rank: dict = {}
+    for p in layout.nodes:
+        by_rank.setdefault(round(p.y), []).append(p)
+    for row in by_rank.values():
+        row.sort(key=lambda p: p.x)
+        assert all(a.x + a.width / 2 <= b.x - b.width / 2 + 0.5 for a, b in itertools.pairwise(row))
+
+
+def test_missing_dot_names_the_fix(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(dag_layout.GraphvizMissing, match="apt-get install graphviz"):
+        graph.dot_layout((("never-laid-out-before", "x"),), ())
+
+
+# ------------------------------------------------------------------------------------------ rendering (smoke)
+
+@pytest.mark.parametrize("mode", ["after", "before", "diff"])
+def test_piece_figure_renders_each_mode(reports, mode):
+    diff = graph.piece_diff_data(reports[("toy", "gather")], None, 2)
+    fig = graph.build_piece_figure(diff, mode)
+    labels = next(t for t in fig.data if t.meta == "nodes").text
+    assert any("AG+mm (fused)" in s for s in labels) == (mode != "before")
+    if mode == "diff":
+        assert {a["text"].split("</b>")[0] for a in fig.layout.annotations} >= {f"<b>{r.index + 1}. {r.title}"
+                                                                               for r in diff.regions}
+    with pytest.raises(ValueError, match="mode="):
+        graph.build_piece_figure(diff, "sideways")
+
+
+def test_splitting_op_piece_has_no_changes(reports):
+    diff = graph.piece_diff_data(reports[("toy", "sharded")], None, 1)
+    assert diff.piece.kind == "splitting_op" and not diff.added and not diff.removed and diff.regions == ()
+    assert "did not change" in str(graph.build_piece_figure(diff, "diff").layout.annotations[0].text)
     with pytest.raises(IndexError, match="piece_index=99"):
-        graph.piece_diff_data(reports[("toy", "sharded")], piece_index=99)
+        graph.piece_diff_data(reports[("toy", "sharded")], None, 99)
 
 
-def test_layered_layout_rejects_cycles():
-    cyclic = {"nodes": [{"name": "a"}, {"name": "b"}], "edges": [["a", "b"], ["b", "a"]]}
-    with pytest.raises(ValueError, match="cycle"):
-        graph.layered_layout(cyclic)
-
-
-# ------------------------------------------------------------------------------------------ compare
+# ------------------------------------------------------------------------------------------ compare and tables
 
 def test_compare_gather_vs_sharded(reports):
-    frame = graph.compare_data(reports[("llama", "gather")], reports[("llama", "sharded")], range_a=1, range_b=1)
+    frame = graph.compare_data(reports[("llama", "gather")], reports[("llama", "sharded")])
     row = {r["metric"]: r for r in frame.iter_rows(named=True)}
-    # The sharded boundary hands over half the residual bytes (tp 2) and drops the boundary all_gathers.
     assert row["boundary bytes/token"]["b"] < row["boundary bytes/token"]["a"]
     assert row["all_gather/layer"]["b"] < row["all_gather/layer"]["a"]
-    assert row["sharded tensors at boundaries"]["a"] == 0 and row["sharded tensors at boundaries"]["b"] == 8
-    assert row["fused ops"]["a"] > 0 and row["fused ops"]["b"] > 0
-    assert frame["label_a"][0] == "llama-3-8b gather tokens 128-16384"
+    assert row["sharded tensors at boundaries"]["a"] == 0 and row["sharded tensors at boundaries"]["b"] == 2
+    assert frame["label_a"][0] == "llama-3-8b gather tokens 8-64"
     fig = graph.plot_compare(reports[("llama", "gather")], reports[("llama", "sharded")])
     assert sum(isinstance(t, go.Bar) for t in fig.data) == 2 * 4
 
 
-def test_compare_two_ranges_of_one_report(reports):
-    report = reports[("toy", "sharded")]
-    frame = graph.compare_data(report, report, range_a=0, range_b=1)
-    row = {r["metric"]: r for r in frame.iter_rows(named=True)}
-    assert row["fused ops"]["a"] == 0 and row["fused ops"]["b"] > 0  # AsyncTP only in range 1
-    assert row["reduce_scatter/layer"]["ratio"] < 1
-
-
-# ------------------------------------------------------------------------------------------ tables
-
-def test_piece_table(reports):
+def test_tables(reports):
     report = reports[("llama", "gather")]
     table = graph.piece_table(report)
-    assert table.height == sum(len(r["pieces"]) for r in report["ranges"])
-    assert {"match_sp_middle", "before_all_reduce", "after_fused_all_gather_matmul", "cache_hit",
-            "compile_time_s"} <= set(table.columns)
-    expected = sum(p["matches"]["boundary_gather"] for r in report["ranges"] for p in r["pieces"])
-    assert table["match_boundary_gather"].sum() == expected > 0
-    assert table.filter(pl.col("kind") == "splitting_op")["cache_hit"].null_count() == 2 * LAYERS["llama"]
-
-
-def test_range_table(reports):
-    table = graph.range_table(reports[("toy_inplace", "gather_erase")])
-    assert table["numerically_unsafe"].to_list() == [True, True]
-    assert table["enable_async_tp"].to_list() == [False, True]
+    assert table.height == sum(len(r.pieces) for r in report.ranges) == 10
+    assert table.filter(pl.col("range") == 1)["match_sp_middle"].sum() + table["match_sp_first"].sum() > 0
+    ranges = graph.range_table(reports[("toy_inplace", "gather_erase")])
+    assert ranges["numerically_unsafe"].to_list() == [False, True]
+    assert graph.range_table(reports[("toy_inplace", "none")])["compiled"].to_list() == [True, False]
 
 
 # ------------------------------------------------------------------------------------------ export
 
 def test_save_html_writes_all_figures(tmp_path, reports):
     report = reports[("toy", "none")]
-    figs = [graph.plot_overview(report), graph.plot_piece(report, 2)]
-    path = graph.save_html(figs, tmp_path / "out" / "report.html")
+    path = graph.save_html([graph.plot_overview(report), graph.plot_piece(report, 2)], tmp_path / "out" / "r.html")
     html = path.read_text()
-    assert html.count("Plotly.newPlot") == 2
-    assert "plotly.js" in html.lower() and len(html) > 1_000_000  # embedded: opens offline
+    assert html.count("Plotly.newPlot") == 2 and len(html) > 1_000_000  # plotly.js embedded: opens offline
     with pytest.raises(ValueError, match="at least one"):
         graph.save_html([], tmp_path / "x.html")
 
@@ -267,17 +374,14 @@ class _Capture(logging.Handler):
 def test_emit_trace_sends_report_artifact(monkeypatch, reports):
     from torch._logging._internal import trace_log
 
-    report = reports[("toy", "sharded")]
     handler = _Capture()
-    # Only our handler: torch's LazyTraceHandler removes itself on its first record when TORCH_TRACE is
-    # unset, which makes logging skip the next handler for that record.
+    # Only our handler: torch's LazyTraceHandler removes itself on its first record when TORCH_TRACE is unset.
     monkeypatch.setattr(trace_log, "handlers", [handler])
-    assert graph.emit_trace(report)
+    assert graph.emit_trace(_path("toy", "sharded"))
     names = [r.metadata["artifact"]["name"] for r in handler.records]
     assert names == ["sp_lab_compile_report", "sp_lab_overview_0", "sp_lab_overview_1"]
-    assert json.loads(handler.records[0].payload) == report
-    overview = json.loads(handler.records[1].payload)
-    assert overview["range"]["lo"] == 1 and len(overview["pieces"]) == 5
+    assert json.loads(handler.records[0].payload) == json.loads(gzip.decompress(_path("toy", "sharded").read_bytes()))
+    assert len(json.loads(handler.records[2].payload)["pieces"]) == 5
 
 
 def test_emit_trace_warns_on_incompatible_torch(monkeypatch, reports):
@@ -290,19 +394,30 @@ def test_emit_trace_warns_on_incompatible_torch(monkeypatch, reports):
     assert any("metadata_fn" in str(w.message) for w in caught)
 
 
-# ------------------------------------------------------------------------------------------ widgets
+# ------------------------------------------------------------------------------------------ widget
 
-def test_widget_figure_and_explorer(reports):
+def test_explorer_widget_click_through(reports):
+    from plotly.callbacks import InputDeviceState, Points
+
     from sp_lab.widgets.explorer import explore
 
-    assert isinstance(graph.plot_overview(reports[("toy", "sharded")], widget=True), go.FigureWidget)
-    report = sr.make_report(sr.LLAMA_3_8B, num_layers=6)
-    ex = explore(report)
-    collapsed = _all_text(ex.overview_figure)
-    assert "pieces 2-10 x5" in collapsed and ex.expanded == []
-    ex.group_toggles.children[0].value = True
-    assert ex.expanded == ["g0"] and "pieces 2-10 x5" not in _all_text(ex.overview_figure)
-    ex.piece_select.value = 4
-    assert ex.piece_figure.layout.title.text.startswith("submod_4")
-    ex.range_select.value = 1
-    assert ex.data.range.index == 1 and ex.expanded == []
+    ex = explore(_path("llama", "gather"))
+    assert ex.piece_select.value == 0 and ex.piece_figure.layout.title.text.startswith("submod_0")
+    # A click on "piece 4" in the overview, delivered the way plotly's FigureWidget delivers it.
+    (pieces,) = [t for t in ex.overview_figure.data if t.meta == "pieces"]
+    index = list(pieces.customdata).index("piece:4")
+    pieces._dispatch_on_click(Points(point_inds=[index], xs=[pieces.x[index]], ys=[pieces.y[index]],
+                                     trace_name=pieces.name, trace_index=0), InputDeviceState())
+    assert ex.piece_select.value == 4 and ex.piece_figure.layout.title.text.startswith("submod_4")
+    # A click on a boundary tensor lists its producers and consumers.
+    ex.select("tensor:0:3")
+    assert ex.links is not None and ex.links.producers and "produced by" in ex.links_view.value
+    ex.select("piece:1")  # the attention op: nothing to open, said so
+    assert "eagerly" in ex.links_view.value and ex.piece_select.value == 4
+    ex.mode_select.value = "after"
+    ex.search.value = "mlp"
+    assert any(t.name == "search match" for t in ex.piece_figure.data)
+    ex.range_select.value = 0
+    assert ex.data.range.index == 0 and not ex.data.range.enable_sp and ex.links is None
+    failed = explore(_path("toy_inplace", "none"))
+    assert failed.piece_figure is None and "compile failed" in failed.overview_figure.layout.title.text

@@ -7,9 +7,11 @@ import math
 import polars as pl
 import pytest
 
-go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
-
+from sp_lab.config import LabConfig
+from sp_lab.tuning.regret import regret_table
 from sp_lab.viz import latency
+
+go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
 
 TOKENS = (1, 8, 64, 128, 512, 2048, 8192)
 # Made-up latencies with the published shape: fusion loses at small token counts, wins at large ones.
@@ -47,7 +49,7 @@ def test_fusion_missing_rows_never_drawn_as_the_variant(sweep):
     # A run whose fusion did not fire is an "sp" run in disguise, and suspiciously fast here.
     rows = pl.concat([sweep, pl.DataFrame([_row(4096, "sp+async_tp", latency_us=1.0, p10_us=1.0, p90_us=1.0,
                                                 fusion_fired=False, fusion_missing=True)])])
-    data = latency.latency_data(rows, async_tp_min_tokens=128)
+    data = latency.latency_data(rows, config=LabConfig(async_tp_min_tokens=128))
     series = _series(data)
     missing = series["sp+async_tp (fusion did not fire)"]
     assert missing.hollow and missing.points["num_tokens"].to_list() == [4096]
@@ -88,46 +90,64 @@ def test_duplicate_rows_pool_by_median(sweep):
                                                         .points["latency_us"].to_list()])
 
 
-def test_thresholds_and_regret(sweep):
-    data = latency.latency_data(sweep, async_tp_min_tokens=128, vllm_min_tokens=1024)
-    assert [(t.name, t.num_tokens) for t in data.thresholds] == [("async_tp_min_tokens", 128), ("vllm", 1024)]
-    gated = data.regret.filter(pl.col("curve") == "gated")
-    chosen = dict(zip(gated["num_tokens"].to_list(), gated["chosen_variant"].to_list()))
-    assert chosen == {n: ("sp" if n < 128 else "sp+async_tp") for n in TOKENS}
-    by_n = {r["num_tokens"]: r for r in gated.iter_rows(named=True)}
-    # At 128 tokens the gate already fuses but fusion still loses: 1.5 / 0.97 - 1.
-    assert by_n[128]["best_variant"] == "sp" and by_n[128]["regret"] == pytest.approx(1.5 / 0.97 - 1)
-    assert by_n[8192]["regret"] == 0.0 and by_n[1]["regret"] == 0.0
-    tuned = data.regret.filter(pl.col("curve") == "tuned")
-    assert tuned.height == len(TOKENS) and tuned["regret"].max() == pytest.approx(0.92 / 0.9 - 1)
+def test_thresholds_and_regret_are_the_regret_table_of_the_config(sweep):
+    config = LabConfig(async_tp_min_tokens=128)
+    data = latency.latency_data(sweep, config=config, vllm_min_tokens=1024)
+    assert [(t.name, t.num_tokens) for t in data.thresholds] == [("async_tp", 128), ("vllm", 1024)]
+    table = regret_table(sweep, config)
+    assert data.regret.drop("group").equals(table)  # the panel is the one regret, not a copy of it
+    ran = dict(zip(table["num_tokens"].to_list(), table["variant_run"].to_list(), strict=True))
+    assert ran == {n: ("baseline" if n < 128 else "sp+async_tp") for n in TOKENS}
+    by_n = {r["num_tokens"]: r for r in table.iter_rows(named=True)}
+    # At 128 tokens the gate already fuses but fusion still loses to sp: 1.5 / 0.97 - 1.
+    assert by_n[128]["best_variant"] == "sp" and by_n[128]["regret_rel"] == pytest.approx(1.5 / 0.97 - 1)
+    assert by_n[1]["regret_rel"] == pytest.approx(1 / 0.97 - 1) and by_n[8192]["regret_rel"] == 0.0
 
     fig = latency.build_latency_figure(data)
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
+    assert "us" in fig.layout.yaxis.title.text and "%" in fig.layout.yaxis2.title.text
+    assert "source: measured" in fig.layout.title.text
     assert sorted(s.x0 for s in fig.layout.shapes) == [128, 1024]
     labels = {a.text: a.x for a in fig.layout.annotations if a.xref == "x"}
     assert labels == pytest.approx({"async_tp_min_tokens=128": math.log10(128),
                                     "vLLM sp_min_token_num=1024": math.log10(1024)})
-    assert {t.name for t in fig.data if t.yaxis == "y2"} == {"regret: gated", "regret: tuned"}
+    # what is plotted equals the table: the regret panel in percent, the black curve in us
+    (regret,) = [t for t in fig.data if t.yaxis == "y2"]
+    assert list(regret.x) == table["num_tokens"].to_list()
+    assert list(regret.y) == pytest.approx([100 * r for r in table["regret_rel"].to_list()])
+    curve = next(t for t in fig.data if t.meta == latency.CONFIG_META)
+    assert list(curve.y) == pytest.approx(table["latency_us"].to_list())
 
 
-def test_no_threshold_means_no_gated_curve(sweep):
+def test_intervals_are_drawn_when_rows_carry_them(sweep):
+    rows = sweep.with_columns(ci_low_us=pl.col("latency_us") - 1.0, ci_high_us=pl.col("latency_us") + 2.0)
+    data = latency.latency_data(rows)
+    assert data.error_bars == "95% CI of the median"
+    trace = next(t for t in latency.build_latency_figure(data).data if t.name == "sp")
+    assert list(trace.error_y.array) == pytest.approx([2.0] * len(TOKENS))
+    assert list(trace.error_y.arrayminus) == pytest.approx([1.0] * len(TOKENS))
+    assert latency.latency_data(sweep).error_bars == "p10-p90"
+
+
+def test_no_config_means_no_regret(sweep):
     data = latency.latency_data(sweep)
-    assert set(data.regret["curve"].to_list()) == {"tuned"} and not data.thresholds
+    assert data.regret.height == 0 and not data.thresholds and data.config_name is None
 
 
 def test_live_widget_updates_in_place(sweep):
     first = sweep.filter(pl.col("num_tokens") <= 64)
-    fig = latency.plot_latency(first, async_tp_min_tokens=128, widget=True)
+    config = LabConfig(async_tp_min_tokens=128)
+    fig = latency.plot_latency(first, config=config, widget=True)
     assert isinstance(fig, go.FigureWidget)
     sp_trace = next(t for t in fig.data if t.name == "sp")
     n_traces = len(fig.data)
     assert len(sp_trace.x) == 3
     more = pl.concat([sweep, pl.DataFrame([_row(n, "sp", source="simulated") for n in TOKENS])])
-    latency.update_latency_figure(fig, more, async_tp_min_tokens=128)
+    latency.update_latency_figure(fig, more, config=config)
     assert len(sp_trace.x) == len(TOKENS)  # the same trace object, now with every point
-    # New series are appended: the simulated curve and the regret of the gate within the simulated rows.
-    assert [t.name for t in fig.data[n_traces:]] == ["sp (simulated)", "regret: gated (simulated)"]
-    assert fig.data[-1].yaxis == "y2" and fig.data[-1].line.dash == "dash"
+    # New series are appended: the simulated curve (no regret: the simulated rows lack the baseline)
+    assert [t.name for t in fig.data[n_traces:]] == ["sp (simulated)"]
+    assert fig.data[-1].line.dash == "dash"
 
 
 def test_bad_and_empty_input():

@@ -14,7 +14,8 @@ store folder), and for every setup (model, tp, boundary, layers, dtype, device):
 2. the speedup of ``sp+async_tp`` over ``baseline`` per token count;
 3. the tuned threshold (``async_tp_min_tokens`` of the measured ``tuned`` rows, next to what
    :func:`recommend_threshold` picks from the reference rows and vLLM's rule);
-4. the regret of the tuned config at every token count: ``tuned / min(baseline, sp+async_tp, tuned) - 1``.
+4. the regret of the tuned config at every token count (``sp_lab.tuning.regret.regret_table``), beside what
+   the tuned rows themselves measured.
 
 Writes ``prediction_errors.csv``, ``speedup.csv``, ``thresholds.csv``, ``regret.csv`` and ``comparison.md``
 (all of it as Markdown tables) to ``--out``, and prints the Markdown.
@@ -23,7 +24,6 @@ Writes ``prediction_errors.csv``, ``speedup.csv``, ``thresholds.csv``, ``regret.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from sp_lab.config import LabConfig, vllm_sp_min_token_num
 from sp_lab.models.registry import resolve_config
+from sp_lab.tuning.policy import recommend
+from sp_lab.tuning.regret import regret_table
 from sp_lab.tuning.simulate import (
     INTERCONNECTS,
     MatmulTable,
@@ -42,7 +45,7 @@ from sp_lab.tuning.simulate import (
     fit_roofline,
     predict_sweep,
 )
-from sp_lab.tuning.threshold import recommend_threshold, vllm_reference_threshold
+from sp_lab.vocabulary import NEVER
 
 SETUP = ("model", "tp", "boundary", "num_layers", "dtype", "hidden_size", "device_name")
 REFERENCE = ("baseline", "sp", "sp+async_tp")
@@ -138,48 +141,57 @@ def speedups(measured: pl.DataFrame) -> pl.DataFrame:
     return out
 
 
+def _tuned_config(setup_rows: pl.DataFrame) -> LabConfig | None:
+    tuned = setup_rows.filter(pl.col("variant") == "tuned")
+    return LabConfig.from_json(tuned["config_json"][0]) if tuned.height else None
+
+
 def thresholds(measured: pl.DataFrame) -> pl.DataFrame:
     """Per setup: the tuned config's threshold, what the reference rows recommend, and vLLM's rule."""
     rows = []
     for setup_rows in measured.partition_by(list(SETUP), maintain_order=True):
         setup = setup_rows.row(0, named=True)
-        tuned = setup_rows.filter(pl.col("variant") == "tuned")
-        if tuned.height:
-            cfg = json.loads(tuned["config_json"][0])["sp_lab"]
-            measured_thr = cfg["async_tp_min_tokens"] if cfg["enable_sp"] else "never"
+        tuned_cfg = _tuned_config(setup_rows)
+        if tuned_cfg is not None:
+            measured_thr = tuned_cfg.async_tp_min_tokens if tuned_cfg.enable_sp else NEVER
         else:
             measured_thr = None
         try:
-            rec = recommend_threshold(setup_rows.filter(pl.col("variant").is_in(REFERENCE)))
-            recommended = "never" if rec.never_fuse else rec.threshold
+            rec = recommend(setup_rows.filter(pl.col("variant").is_in(REFERENCE)),
+                            tuned_cfg or LabConfig(tp_size=int(setup["tp"])))
+            recommended = NEVER if rec.threshold is None else rec.threshold
         except ValueError as e:
             recommended = f"n/a ({e})"
         rows.append({
             "model": setup["model"], "tp": setup["tp"], "boundary": setup["boundary"],
             "tuned_async_tp_min_tokens": str(measured_thr),
             "recommended_from_rows": str(recommended),
-            "vllm_sp_min_token_num": str(vllm_reference_threshold(
+            "vllm_sp_min_token_num": str(vllm_sp_min_token_num(
                 int(setup["hidden_size"]), DTYPE_BYTES.get(setup["dtype"], 2), int(setup["tp"]))),
         })
     return pl.DataFrame(rows)
 
 
 def regret(measured: pl.DataFrame) -> pl.DataFrame:
-    """Regret of the measured tuned config at every token count: ``tuned / fastest choice - 1``.
-
-    The choices are what a threshold can pick between, ``baseline`` and ``sp+async_tp`` (as
-    :func:`sp_lab.tuning.threshold.regret_table`), plus ``tuned`` itself so that noise never makes it negative.
-    """
-    wide = _wide(measured)
-    refs = [v for v in ("baseline", "sp+async_tp") if v in wide.columns]
-    if "tuned" not in wide.columns or not refs:
+    """Regret of the tuned config at every token count (:func:`sp_lab.tuning.regret.regret_table`, the one
+    regret), beside the tuned rows' own latency: ``tuned_vs_run`` = measured tuned / the variant it runs - 1
+    checks that measuring the tuned config reproduces the program it is made of."""
+    parts = []
+    for setup_rows in measured.partition_by(list(SETUP), maintain_order=True):
+        tuned_cfg = _tuned_config(setup_rows)
+        if tuned_cfg is None:
+            continue
+        ok = setup_rows.filter(~pl.col("fusion_missing"))
+        table = regret_table(ok.filter(pl.col("variant").is_in(REFERENCE)), tuned_cfg, warn=False)
+        tuned = (ok.filter(pl.col("variant") == "tuned").group_by("num_tokens")
+                 .agg(tuned_us=pl.col("latency_us").median()))
+        setup = setup_rows.row(0, named=True)
+        parts.append(table.join(tuned, on="num_tokens", how="left").with_columns(
+            model=pl.lit(setup["model"]), tp=pl.lit(setup["tp"]), boundary=pl.lit(setup["boundary"]),
+            tuned_vs_run=pl.col("tuned_us") / pl.col("latency_us") - 1))
+    if not parts:
         return pl.DataFrame()
-    best = pl.min_horizontal(*refs, "tuned")
-    best_name = pl.lit(None, dtype=pl.Utf8)
-    for v in (*refs, "tuned"):  # the first variant (in this order) that attains the minimum
-        best_name = pl.when(best_name.is_null() & (pl.col(v) == best)).then(pl.lit(v)).otherwise(best_name)
-    return wide.select("model", "tp", "boundary", "num_tokens", "tuned", best_us=best, best_variant=best_name).with_columns(
-        regret_rel=pl.col("tuned") / pl.col("best_us") - 1)
+    return pl.concat(parts).select("model", "tp", "boundary", pl.exclude("model", "tp", "boundary"))
 
 
 def markdown(df: pl.DataFrame, floats: int = 3) -> str:

@@ -8,10 +8,13 @@ One call on an N-GPU device machine (``benchmarks/multigpu/run.sh`` sets the env
    the largest tp first (it is why this machine was asked for), ``sharded`` before ``gather``.
 2. **Run** (:func:`execute`): each job is one ``torchrun --standalone --nproc-per-node TP -m sp_lab run ...``
    on its own GPUs (``CUDA_VISIBLE_DEVICES``). ``sp_lab run`` sweeps baseline / sp / sp+async_tp over the
-   token ladder, tunes ``async_tp_min_tokens`` on rank 0, measures the tuned config, exports it and writes
-   a report: all four variants in one process, so NCCL, Inductor and the model are set up once per job.
-   Jobs whose GPU sets do not overlap run at the same time (a 4-GPU machine runs both tp=2 jobs side by
-   side). Every job has a deadline inside the global budget; a job past it is stopped (SIGTERM, then
+   token ladder, tunes the policy on rank 0, measures the tuned config, exports it and writes a report:
+   all four variants in one process, so NCCL, Inductor and the model are set up once per job. Within a
+   job the variants are **interleaved per token count** (each variant in turn, order rotated every round,
+   until each median's 95% interval is within ``ci_width`` or the job's timing budget ends), so a
+   neighbouring job that starts or stops on the same host shifts every variant alike instead of one
+   variant's block. Jobs whose GPU sets do not overlap run at the same time (a 4-GPU machine runs both
+   tp=2 jobs side by side). Every job has a deadline inside the global budget; a job past it is stopped (SIGTERM, then
    SIGKILL to its whole process group). Rows are on disk as soon as they are measured, so a stopped job
    still contributes what it finished.
 3. **Collect** (:func:`collect`): all rows into ONE parquet file, per job ``sp_lab tune --json`` and, where
@@ -90,7 +93,7 @@ class Profile:
     warmup: int
     """Untimed calls per point (after the compiling call)."""
     repeats: int
-    """Timed calls per point; the row keeps their median (max over ranks)."""
+    """Least timed calls per point; the row keeps their median (each call timed on the slowest rank)."""
     cudagraphs: bool
     """``LabConfig.cudagraphs``: capture each compiled piece per token count, as vLLM's piecewise mode."""
     model: str | None = None
@@ -103,6 +106,10 @@ class Profile:
     """A job is not started with less budget than this left (it could not finish its first variants)."""
     reserve_s: float = 45.0
     """Budget kept back for collecting, tuning, exporting and packing once the jobs are done."""
+    ci_width: float = 0.03
+    """``--ci-width``: rounds go on until every median's 95% interval is this fraction of it ..."""
+    timing_budget_s: float | None = 240.0
+    """``--budget``: ... or until a job has spent this long timing (shared by its token counts)."""
 
 
 GPU_PROFILE = Profile(
@@ -120,6 +127,7 @@ CPU_PROFILE = Profile(
     num_layers=None,
     min_job_s=20.0,
     reserve_s=10.0,
+    timing_budget_s=20.0,
 )
 PROFILES = {p.name: p for p in (GPU_PROFILE, CPU_PROFILE)}
 
@@ -203,6 +211,8 @@ def sp_lab_run_args(job: Job, profile: Profile, *, job_dir: Path, config_path: P
         "--tokens", ",".join(map(str, profile.tokens)),
         "--warmup", str(profile.warmup),
         "--repeats", str(profile.repeats),
+        "--ci-width", str(profile.ci_width),
+        *(["--budget", str(profile.timing_budget_s)] if profile.timing_budget_s is not None else []),
         "--backend", profile.backend,
         "--timeout", str(profile.collective_timeout_s),
         "--out", str(job_dir),

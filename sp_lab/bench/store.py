@@ -27,21 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import numbers
 import os
 import socket
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
 
-SCHEMA_VERSION = 1
-"""Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with."""
+from sp_lab.vocabulary import SOURCES
 
-SOURCES = ("measured", "simulated", "replayed")
-"""Where a row's numbers come from. ``simulated`` rows (the what-if model) are never unlabelled."""
+SCHEMA_VERSION = 2
+"""Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with.
+Version 2 added ``ci_low_us`` / ``ci_high_us``; version-1 parts read with those columns null."""
 
 ROW_SCHEMA: dict[str, pl.DataType] = {
     # --- bookkeeping
@@ -69,6 +70,10 @@ ROW_SCHEMA: dict[str, pl.DataType] = {
     "latency_us": pl.Float64(),  # max over ranks of the per-rank median (the slowest rank bounds a TP step)
     "p10_us": pl.Float64(),
     "p90_us": pl.Float64(),
+    # 95% confidence interval of latency_us (the median), from the interleaved repetitions; null in rows
+    # written before schema version 2 and in rows without a spread (simulated)
+    "ci_low_us": pl.Float64(),
+    "ci_high_us": pl.Float64(),
     "warmup": pl.Int64(),
     "repeats": pl.Int64(),
     "timing_method": pl.String(),  # perf_counter | cuda_events | cuda_graph
@@ -94,7 +99,7 @@ ROW_SCHEMA: dict[str, pl.DataType] = {
 }
 """The fixed schema of a row. Every column but :data:`NULLABLE_COLUMNS` must be non-null."""
 
-NULLABLE_COLUMNS = frozenset({"note"})
+NULLABLE_COLUMNS = frozenset({"note", "ci_low_us", "ci_high_us"})
 
 KEY_COLUMNS = (
     "model",
@@ -127,6 +132,57 @@ class CorruptPartError(RuntimeError):
         )
 
 
+
+class ForeignPartError(ValueError):
+    """A part file of the store reads as parquet but does not hold rows of :data:`ROW_SCHEMA`."""
+
+    def __init__(self, path: Path, problems: Sequence[str]):
+        self.path, self.problems = path, list(problems)
+        super().__init__(
+            f"sweep store part {path} does not hold sweep rows of schema version {SCHEMA_VERSION}: "
+            f"{'; '.join(problems)}. It was written by something else (or by hand); move it out of "
+            f"{path.parent}, or read with skip_corrupt=True (CLI: --skip-corrupt) to move it to "
+            f"{path.parent / QUARANTINE_DIR}/."
+        )
+
+
+def schema_problems(schema: Mapping[str, pl.DataType]) -> list[str]:
+    """How a part's schema differs from :data:`ROW_SCHEMA`, one phrase per column group (empty: it fits).
+
+    Parts of an older schema version may lack the nullable columns added since; nothing else may differ.
+    """
+    problems = []
+    unknown = [c for c in schema if c not in ROW_SCHEMA]
+    if unknown:
+        problems.append(f"unknown columns {unknown}")
+    missing = [c for c in ROW_SCHEMA if c not in schema and c not in NULLABLE_COLUMNS]
+    if missing:
+        problems.append(f"missing columns {missing}")
+    for column, dtype in schema.items():
+        if column in ROW_SCHEMA and dtype != ROW_SCHEMA[column]:
+            problems.append(f"{column} is {dtype}, expected {ROW_SCHEMA[column]}")
+    return problems
+
+
+# What a row's value may be, per column dtype. numpy scalars pass (a timer may hand them over); bool is an
+# int in Python, so it is refused where a number is expected, and floats are never truncated to ints.
+_ACCEPTS: dict[type, tuple[str, Callable[[object], bool]]] = {
+    pl.Int32: ("an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+    pl.Int64: ("an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+    pl.Float64: ("a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
+    pl.Boolean: ("True or False", lambda v: isinstance(v, bool) or (type(v).__module__ == "numpy"
+                                                                    and type(v).__name__ in ("bool", "bool_"))),
+    pl.String: ("a str", lambda v: isinstance(v, str)),
+}
+
+
+def _check_value(i: int, column: str, value: object) -> None:
+    dtype = ROW_SCHEMA[column]
+    wanted, accepts = _ACCEPTS[type(dtype)]
+    if value is not None and not accepts(value):
+        raise ValueError(f"row {i}: column {column!r} holds {type(value).__name__} {value!r}; it takes {wanted} ({dtype})")
+
+
 def new_row_id() -> str:
     """A fresh ``row_id`` (uuid4 hex)."""
     return uuid.uuid4().hex
@@ -136,20 +192,25 @@ def normalize_rows(rows: Sequence[Mapping[str, object]]) -> pl.DataFrame:
     """Check ``rows`` against :data:`ROW_SCHEMA` and return them as a DataFrame of exactly that schema.
 
     Fills ``schema_version`` and ``row_id`` when absent. Raises ``ValueError`` naming the row and
-    column for an unknown column, a missing or null required column, or a bad ``source``.
+    column for an unknown column, a missing or null required column, a value of the wrong type (``tp=2.5``,
+    ``num_tokens="8"``; never cast), or a bad ``source``.
     """
     filled = []
     for i, row in enumerate(rows):
         unknown = sorted(set(row) - set(ROW_SCHEMA))
         if unknown:
             raise ValueError(f"row {i} has columns not in ROW_SCHEMA: {unknown}; known: {sorted(ROW_SCHEMA)}")
-        full = {"schema_version": SCHEMA_VERSION, "row_id": new_row_id(), "note": None, **row}
+        full = {"schema_version": SCHEMA_VERSION, "row_id": new_row_id(), **dict.fromkeys(NULLABLE_COLUMNS),
+                **row}
         missing = [c for c in ROW_SCHEMA if c not in NULLABLE_COLUMNS and full.get(c) is None]
         if missing:
             raise ValueError(
                 f"row {i} lacks required columns {missing} (every column of ROW_SCHEMA except "
                 f"{sorted(NULLABLE_COLUMNS)} must be set; provenance is never optional)"
             )
+        # polars would cast silently (tp=2.5 -> 2, "8" -> 8) or fail naming neither row nor column.
+        for column, value in full.items():
+            _check_value(i, column, value)
         if full["source"] not in SOURCES:
             raise ValueError(f"row {i}: source={full['source']!r} is not one of {SOURCES}")
         filled.append(full)
@@ -213,8 +274,9 @@ class SweepStore:
     def read(self, *, skip_corrupt: bool = False, parts: Sequence[Path] | None = None) -> pl.DataFrame:
         """Every row of the store as one DataFrame with :data:`ROW_SCHEMA` columns, oldest first.
 
-        A part that cannot be read raises :class:`CorruptPartError` naming it; with
-        ``skip_corrupt=True`` the part is moved to ``quarantine/`` with a warning and reading goes on.
+        A part that cannot be read raises :class:`CorruptPartError` naming it, a part whose columns are
+        not :data:`ROW_SCHEMA`'s :class:`ForeignPartError` naming it and the differing columns; with
+        ``skip_corrupt=True`` either part is moved to ``quarantine/`` with a warning and reading goes on.
         ``parts`` restricts the read to those files (see :meth:`read_new`).
         """
         for _attempt in range(3):
@@ -223,6 +285,9 @@ class SweepStore:
                 return pl.DataFrame(schema=ROW_SCHEMA)
             try:
                 df = pl.scan_parquet(paths).collect()
+                if schema_problems(df.schema):
+                    # some part differs (the fast path took the first part's schema): find and name it
+                    raise pl.exceptions.SchemaError("a part's schema differs from ROW_SCHEMA")
             except FileNotFoundError:
                 # a compaction removed a part between listing and reading: list again
                 if parts is not None:
@@ -238,7 +303,7 @@ class SweepStore:
         frames = []
         for p in paths:
             try:
-                frames.append(pl.read_parquet(p))
+                frame = pl.read_parquet(p)
             except FileNotFoundError:
                 continue  # compacted away meanwhile; its rows live in the compacted part
             except (pl.exceptions.PolarsError, OSError) as e:
@@ -246,6 +311,14 @@ class SweepStore:
                 if not skip_corrupt:
                     raise err from e
                 self.quarantine(p, reason=str(err))
+                continue
+            problems = schema_problems(frame.schema)
+            if problems:
+                if not skip_corrupt:
+                    raise ForeignPartError(p, problems)
+                self.quarantine(p, reason=str(ForeignPartError(p, problems)))
+                continue
+            frames.append(frame)
         if not frames:
             return pl.DataFrame(schema=ROW_SCHEMA)
         # diagonal_relaxed tolerates parts from another schema_version (missing columns -> null)
@@ -253,6 +326,10 @@ class SweepStore:
 
     @staticmethod
     def _dedupe(df: pl.DataFrame) -> pl.DataFrame:
+        # parts of an older schema version lack the columns added since: null, never absent
+        absent = [c for c in ROW_SCHEMA if c not in df.columns and c in NULLABLE_COLUMNS]
+        df = df.with_columns(pl.lit(None, dtype=ROW_SCHEMA[c]).alias(c) for c in absent)
+        df = df.select([c for c in ROW_SCHEMA if c in df.columns], *[c for c in df.columns if c not in ROW_SCHEMA])
         return df.unique(subset="row_id", keep="first", maintain_order=True)
 
     def read_new(self, seen: set[Path], *, skip_corrupt: bool = True) -> pl.DataFrame:

@@ -34,7 +34,9 @@ import json
 import os
 import platform
 import socket
+import statistics
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,14 +45,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.store import SweepStore
-from sp_lab.bench.timing import reduce_across_ranks, time_fn
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore
+from sp_lab.bench.timing import CallSampler, median_ci
+from sp_lab.distributed.collectives import rehearsal_device
+from sp_lab.vocabulary import (
+    BASELINE,
+    MEASURED,
+    REFERENCE_VARIANTS,
+    REHEARSAL,
+    SP,
+    SP_ASYNC_TP,
+    TUNED,
+    VARIANTS,
+)
 
-VARIANTS = ("baseline", "sp", "sp+async_tp", "tuned")
-"""Every variant :func:`run_sweep` knows (see the module docstring)."""
-
-DEFAULT_VARIANTS = ("baseline", "sp", "sp+async_tp")
+DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
+
+CI_LEVEL = 0.95
+"""Confidence level of the interval recorded around every median (``ci_low_us`` / ``ci_high_us``)."""
 
 MISSING_SUFFIX = " [fusion missing]"
 """Appended to ``reported_variant`` when the variant's transformation did not run."""
@@ -64,17 +77,14 @@ def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> 
     drop any per-matmul rule (``heuristic=None``) so that "sp+async_tp" really means "fused everywhere".
     """
     tp = {"tp_size": tp_size} if tp_size is not None else {}
-    if variant == "baseline":
-        return dataclasses.replace(config, enable_sp=False, enable_async_tp=False, heuristic=None, **tp)
-    if variant == "sp":
-        return dataclasses.replace(
-            config, enable_sp=True, enable_async_tp=False, async_tp_min_tokens=1, heuristic=None, **tp
-        )
-    if variant == "sp+async_tp":
-        return dataclasses.replace(
-            config, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=1, heuristic=None, **tp
-        )
-    if variant == "tuned":
+    plain = {"heuristic": None, "sp_min_tokens": None, **tp}
+    if variant == BASELINE:
+        return dataclasses.replace(config, enable_sp=False, enable_async_tp=False, **plain)
+    if variant == SP:
+        return dataclasses.replace(config, enable_sp=True, enable_async_tp=False, async_tp_min_tokens=1, **plain)
+    if variant == SP_ASYNC_TP:
+        return dataclasses.replace(config, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=1, **plain)
+    if variant == TUNED:
         return dataclasses.replace(config, **tp)
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
 
@@ -111,7 +121,7 @@ def expectation(config: Any, num_tokens: int) -> Expectation:
     fusion = bool(config.async_tp_active_for(compile_range))
     note = ""
     if config.enable_sp and not sp:
-        note = f"gated off: {num_tokens} < async_tp_min_tokens={config.async_tp_min_tokens}"
+        note = f"gated off: {num_tokens} < {config.sp_start} (where SP starts)"
     elif fusion and getattr(config, "heuristic", None) is not None:
         fusion, note = False, "per-matmul rule decides fusion"
     return Expectation(sp=sp, fusion=fusion, note=note)
@@ -155,6 +165,9 @@ def _world() -> tuple[int, int, str]:
 
 
 def _default_device(backend: str) -> torch.device:
+    shared = rehearsal_device()  # rehearsal ranks all compute on the one GPU
+    if shared is not None:
+        return shared
     if backend == "nccl" or (backend == "none" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -236,6 +249,9 @@ def run_sweep(
     model_overrides: Mapping[str, Any] | None = None,
     warmup: int = 3,
     repeats: int = 10,
+    max_repeats: int | None = None,
+    ci_width: float = 0.05,
+    budget_s: float | None = None,
     cuda_graph: bool = True,
     seed: int = 0,
     progress: bool = True,
@@ -247,6 +263,13 @@ def run_sweep(
 ) -> SweepResult:
     """Measure forward latency of ``model_name`` for every (variant, token count); call in every rank.
 
+    Variants are measured **interleaved**: at one token count, each variant is called in turn and the
+    order rotates every round, so a machine that slows down for a minute slows every variant alike
+    instead of whichever was being measured in its block. Rounds repeat until the 95% confidence
+    interval of every variant's median is within ``ci_width`` of it (relative full width), after at least
+    ``repeats`` and at most ``max_repeats`` calls, or until this token count's share of ``budget_s`` is
+    spent. A call's latency is that of the slowest rank (the ranks start each call together).
+
     Args:
         model_name: anything :func:`sp_lab.models.build` takes ("toy", a preset, a checkpoint dir).
         token_counts: token counts ``T`` to time; the input is ``input_ids`` of shape ``[T]``.
@@ -257,7 +280,11 @@ def run_sweep(
         tp_size: must equal the world size when given (a check, not a choice: TP spans the whole group).
         dtype, device: of the model; ``device`` defaults to this rank's GPU under NCCL, else the CPU.
         num_layers, model_overrides, seed: passed to the model builder.
-        warmup, repeats: untimed and timed calls per point (after one untimed first call that compiles).
+        warmup: untimed calls per point (after one untimed first call that compiles).
+        repeats, max_repeats: least and most timed calls per point (``max_repeats`` default ``10 * repeats``).
+        ci_width: stop once every median's 95% interval is narrower than this fraction of it.
+        budget_s: seconds of timing for the whole sweep (shared equally by the token counts left);
+            ``None``: no limit but ``max_repeats``.
         cuda_graph: on CUDA, replay a captured graph (falls back to eager, recorded in the row's note).
         progress: a tqdm progress bar on rank 0.
         on_row: called on rank 0 with each row right after it is on disk (e.g. to update a live plot).
@@ -282,6 +309,12 @@ def run_sweep(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown or no variants {unknown or list(variants)}; choose from {VARIANTS}")
+    max_repeats = 10 * repeats if max_repeats is None else max_repeats
+    if max_repeats < repeats or not 0 < ci_width or (budget_s is not None and budget_s <= 0):
+        raise ValueError(
+            f"need max_repeats >= repeats, ci_width > 0 and budget_s > 0 (or None); got max_repeats="
+            f"{max_repeats}, repeats={repeats}, ci_width={ci_width}, budget_s={budget_s}"
+        )
     if config is None:
         from sp_lab.config import LabConfig
 
@@ -310,8 +343,10 @@ def run_sweep(
         **dict(model_overrides or {}),
     )
     spec = model.spec
+    # Ranks sharing one GPU run the multi-GPU code path, not its latency: their rows are never "measured".
+    source = REHEARSAL if rehearsal_device() is not None else MEASURED
     base = {
-        "source": "measured",
+        "source": source,
         "sweep_id": sweep_id,
         "model": spec.name,
         "hidden_size": spec.hidden_size,
@@ -327,78 +362,158 @@ def run_sweep(
         "warmup": warmup,
     }
 
-    plan = [(v, variant_config(v, config, tp_size=world)) for v in variants]
+    plan = {v: variant_config(v, config, tp_size=world) for v in variants}
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
-    done = _broadcast(store.done_keys(source="measured") if rank == 0 else None)
+    done = _broadcast(store.done_keys(source=source) if rank == 0 else None)
 
-    def key(variant: str, cfg: Any, t: int) -> tuple:
-        return (
-            base["model"],
-            base["hidden_size"],
-            base["num_layers"],
-            world,
-            base["dtype"],
-            variant,
-            cfg.boundary,
-            t,
-            base["device_name"],
-            backend,
-            config_hash(cfg),
-        )  # the order of KEY_COLUMNS
+    def key(variant: str, t: int) -> tuple:
+        cfg = plan[variant]
+        values = {**base, "variant": variant, "boundary": cfg.boundary, "num_tokens": t,
+                  "config_hash": config_hash(cfg)}
+        return tuple(values[c] for c in KEY_COLUMNS)
 
-    todo = [(v, cfg, [t for t in tokens if key(v, cfg, t) not in done]) for v, cfg in plan]
-    skipped = len(plan) * len(tokens) - sum(len(ts) for _, _, ts in todo)
+    pending = {t: [v for v in variants if key(v, t) not in done] for t in tokens}
+    pending = {t: vs for t, vs in pending.items() if vs}
+    skipped = len(plan) * len(tokens) - sum(len(vs) for vs in pending.values())
     bar = _progress_bar(total=len(plan) * len(tokens), initial=skipped, enabled=progress and rank == 0)
     written: list[dict[str, Any]] = []
-    vocab = spec.vocab_size
+    # Every variant with work left is compiled up front: interleaving needs them all at hand.
+    needed = [v for v in variants if any(v in vs for vs in pending.values())]
+    compiled = {v: compile_fn(model, plan[v]) for v in needed}
+    stop = _StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
+                     points_left=len(pending))
     try:
-        for variant, cfg, pending in todo:
-            if not pending:
-                continue
-            compiled = compile_fn(model, cfg)
-            chash, cjson = config_hash(cfg), cfg.to_json()
-            for t in pending:
-                if bar is not None:
-                    bar.set_description(f"{variant} T={t}")
-                # same seed on every rank: TP ranks must see the same tokens
-                gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
-                input_ids = torch.randint(0, vocab, (t,), generator=gen).to(device)
-                with torch.no_grad():
-                    compiled(input_ids)  # the first call compiles; never timed
-                    timing = time_fn(
-                        functools.partial(compiled, input_ids),
-                        device=device,
-                        warmup=warmup,
-                        repeats=repeats,
-                        cuda_graph=cuda_graph,
-                    )
-                timing = reduce_across_ranks(timing)
+        for t, todo in pending.items():
+            if bar is not None:
+                bar.set_description(f"T={t}: {', '.join(todo)}")
+            # same seed on every rank: TP ranks must see the same tokens
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
+            input_ids = torch.randint(0, spec.vocab_size, (t,), generator=gen).to(device)
+            with torch.no_grad():
+                timings = _interleave(
+                    {v: functools.partial(compiled[v], input_ids) for v in todo},
+                    device=device, warmup=warmup, cuda_graph=cuda_graph, stop=stop,
+                )
+            for v in todo:
                 if rank == 0:
-                    row = _row(base, variant, cfg, chash, cjson, t, timing, compiled.report)
+                    row = _row(base, v, plan[v], t, timings[v], compiled[v].report)
                     store.append([row])  # on disk before anyone hears of it
                     written.append(row)
                     if on_row is not None:
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
-            if reports_dir is not None and rank == 0:
-                Path(reports_dir).mkdir(parents=True, exist_ok=True)
-                (Path(reports_dir) / f"{variant}.json").write_text(compiled.report.to_json())
+        if reports_dir is not None and rank == 0:
+            Path(reports_dir).mkdir(parents=True, exist_ok=True)
+            for v in needed:
+                (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
         if bar is not None:
             bar.close()
     return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class PointTiming:
+    """What :func:`_interleave` measured for one variant at one token count (step latencies, us)."""
+
+    samples_us: tuple[float, ...]
+    """One per call: the slowest rank's time for that call."""
+    method: str
+    """How the calls were timed (``perf_counter``, ``cuda_events``, ``cuda_graph``)."""
+    note: str
+    """Timing fallbacks (e.g. why CUDA-graph capture failed) and why the rounds stopped."""
+
+    def summary(self) -> dict[str, float]:
+        """median, p10, p90 and the median's 95% interval, as row columns."""
+        ordered = sorted(self.samples_us)
+        deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
+        lo, hi = median_ci(ordered, CI_LEVEL)
+        return {"latency_us": statistics.median(ordered), "p10_us": deciles[0], "p90_us": deciles[-1],
+                "ci_low_us": lo, "ci_high_us": hi}
+
+
+@dataclasses.dataclass
+class _StopRule:
+    """When a token count's interleaved rounds stop: narrow enough intervals, or its share of the budget."""
+
+    repeats: int
+    max_repeats: int
+    ci_width: float
+    budget_s: float | None
+    points_left: int
+    spent_s: float = 0.0
+
+    def share_s(self) -> float | None:
+        """Seconds this token count may spend (the budget left, shared by the token counts left)."""
+        if self.budget_s is None:
+            return None
+        return max(self.budget_s - self.spent_s, 0.0) / max(self.points_left, 1)
+
+    def reason(self, samples: Mapping[str, list[float]], elapsed_s: float, share_s: float | None) -> str | None:
+        """Why to stop now, or ``None`` to go on."""
+        n = min(len(s) for s in samples.values())
+        if n < self.repeats:
+            return None
+        widths = []
+        for s in samples.values():
+            lo, hi = median_ci(s, CI_LEVEL)
+            widths.append((hi - lo) / statistics.median(s))
+        if max(widths) <= self.ci_width:
+            return f"intervals within {self.ci_width:.0%} of the medians after {n} rounds"
+        if n >= self.max_repeats:
+            return f"max_repeats={self.max_repeats} reached; widest interval {max(widths):.0%} of its median"
+        if share_s is not None and elapsed_s >= share_s:
+            return f"time budget spent after {n} rounds; widest interval {max(widths):.0%} of its median"
+        return None
+
+
+def _interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.device, warmup: int,
+                cuda_graph: bool, stop: _StopRule) -> dict[str, PointTiming]:
+    """Time ``calls`` (variant -> callable at one token count) in rotating turns until ``stop`` says so.
+
+    Collective: every rank calls it with the same variants. Each round times one call of every variant,
+    the order shifted by one each round; the slowest rank's time per call is the step's. Rank 0's clock
+    and decision are broadcast, so every rank leaves the loop after the same round.
+    """
+    names = list(calls)
+    for fn in calls.values():
+        fn()  # the first call compiles the range; never timed
+    samplers = {v: CallSampler(fn, device=device, warmup=warmup, cuda_graph=cuda_graph)
+                for v, fn in calls.items()}
+    steps: dict[str, list[float]] = {v: [] for v in names}
+    share, start, rounds, why = stop.share_s(), time.monotonic(), 0, None
+    while why is None:
+        order = names[rounds % len(names):] + names[:rounds % len(names)]
+        mine = {v: samplers[v].sample() for v in order}
+        for v, us in _slowest_rank(mine).items():
+            steps[v].append(us)
+        rounds += 1
+        why = _broadcast(stop.reason(steps, time.monotonic() - start, share))
+    for sampler in samplers.values():
+        sampler.finish()
+    stop.spent_s += time.monotonic() - start
+    stop.points_left -= 1
+    return {v: PointTiming(samples_us=tuple(steps[v]), method=samplers[v].method,
+                           note="; ".join(n for n in (samplers[v].note, why) if n)) for v in names}
+
+
+def _slowest_rank(mine: dict[str, float]) -> dict[str, float]:
+    """Per variant, the largest of the ranks' times for this round's call (identity without a group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {v: max(r[v] for r in everyone) for v in mine}
+
+
 def _row(
     base: dict[str, Any],
     variant: str,
     cfg: Any,
-    chash: str,
-    cjson: str,
     num_tokens: int,
-    timing: Any,
+    timing: PointTiming,
     report: Any,
 ) -> dict[str, Any]:
     """One store row: provenance + timing + what the compile report says ran at ``num_tokens``."""
@@ -422,12 +537,10 @@ def _row(
         "enable_sp": bool(cfg.enable_sp),
         "enable_async_tp": bool(cfg.enable_async_tp),
         "async_tp_min_tokens": int(cfg.async_tp_min_tokens),
-        "config_hash": chash,
-        "config_json": cjson,
-        "latency_us": timing.median_us,
-        "p10_us": timing.p10_us,
-        "p90_us": timing.p90_us,
-        "repeats": timing.repeats,
+        "config_hash": config_hash(cfg),
+        "config_json": cfg.to_json(),
+        **timing.summary(),
+        "repeats": len(timing.samples_us),
         "timing_method": timing.method,
         "sp_rewrites": rewrites,
         "n_all_reduce": int(counts.get("all_reduce", 0)),
@@ -464,6 +577,22 @@ def _default_compile(model: torch.nn.Module, config: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- launching
+def _check_model_for_world(model_name: str, world_size: int, kwargs: Mapping[str, Any]) -> None:
+    """What every rank would refuse, refused once here: a tp_size that is not the world size, an unknown
+    model name, a model whose heads or widths ``world_size`` does not divide."""
+    tp_size = kwargs.get("tp_size")
+    if tp_size is not None and tp_size != world_size:
+        raise ValueError(
+            f"tp_size={tp_size} but world_size={world_size}: TP spans the whole group; "
+            f"pass world_size={tp_size}"
+        )
+    if kwargs.get("build_fn") is None:
+        from sp_lab.models.registry import resolve_config
+
+        overrides = dict(kwargs.get("model_overrides") or {})
+        resolve_config(model_name, num_layers=kwargs.get("num_layers"), **overrides).check_tp_size(world_size)
+
+
 def launch_sweep(
     model_name: str,
     *,
@@ -490,6 +619,7 @@ def launch_sweep(
     """
     from sp_lab.distributed.launch import launch
 
+    _check_model_for_world(model_name, world_size, kwargs)
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())

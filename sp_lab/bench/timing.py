@@ -4,7 +4,7 @@
   ranks start a step together (otherwise a rank that arrives late makes the others' collectives look
   slow, and the numbers measure skew rather than the step).
 - CUDA: the call is captured once into a CUDA graph and replayed, timed with CUDA events. At small
-  token counts an eager forward is bound by host launch overhead (BACKGROUND.md section 3: ~0.2-0.3 ms
+  token counts an eager forward is bound by host launch overhead (docs/measured-h200.md: ~0.2-0.3 ms
   per eager fused op), which would swamp exactly the regime the threshold is about. If capture fails
   (an op that syncs with the host, a collective backend that cannot be captured), timing falls back to
   events around eager calls and says so in ``Timing.method`` and ``Timing.note``.
@@ -16,6 +16,7 @@ the per-rank medians** (:func:`reduce_across_ranks`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -65,6 +66,28 @@ def _summarize(samples_us: list[float], *, method: str, note: str = "") -> Timin
     )
 
 
+def median_ci(samples_us: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free ``level`` confidence interval of the median of ``samples_us``.
+
+    Order statistics: the median lies between the ``l``-th and ``u``-th smallest of ``n`` samples with
+    probability ``level`` when ``l, u = n/2 -/+ z*sqrt(n)/2`` (the binomial(n, 1/2) normal approximation).
+    Timing noise is skewed (a preempted call is 10x slower, never 10x faster), which is why the interval
+    is taken from the samples rather than from a mean and a standard deviation. Fewer than 6 samples give
+    ``(min, max)``.
+    """
+    ordered = sorted(samples_us)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no timing samples: repeats must be >= 1")
+    if n < 6:
+        return ordered[0], ordered[-1]
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return ordered[lo], ordered[hi]
+
+
 def _check_counts(warmup: int, repeats: int) -> None:
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
@@ -73,6 +96,96 @@ def _check_counts(warmup: int, repeats: int) -> None:
 def _maybe_barrier(barrier: bool, group: dist.ProcessGroup | None) -> None:
     if barrier and dist.is_available() and dist.is_initialized():
         dist.barrier(group=group)
+
+
+class CallSampler:
+    """Times single calls of ``fn`` on demand, so that several callables can be timed in turn.
+
+    Construction warms ``fn`` up (``warmup`` untimed calls; on CUDA on a side stream, then captures it
+    into a CUDA graph when ``cuda_graph``, falling back to eager calls with the reason in ``note``).
+    :meth:`sample` then times one call (one graph replay on CUDA), after a barrier so that the ranks'
+    timed regions line up. A sweep interleaves the samplers of its variants (each variant in turn, the
+    order rotated every round) so that slow drifts of the machine hit every variant alike.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[], object],
+        *,
+        device: torch.device | str = "cpu",
+        warmup: int = 3,
+        cuda_graph: bool = True,
+        barrier: bool = True,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        _check_counts(warmup, 1)
+        self._barrier, self._group = barrier, group
+        self.cuda = torch.device(device).type == "cuda"
+        self.method, self.note = ("cuda_events" if self.cuda else "perf_counter"), ""
+        self._run = fn
+        if not self.cuda:
+            for _ in range(warmup):
+                fn()
+            return
+        if not torch.cuda.is_available():
+            raise RuntimeError("CallSampler on a CUDA device needs CUDA; time on the CPU instead")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 1)):  # capture needs at least one eager run first
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        if cuda_graph:
+            self._capture(fn)
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def _capture(self, fn: Callable[[], object]) -> None:
+        rng = torch.cuda.default_generators[torch.cuda.current_device()]
+        rng_before = rng.clone_state() if hasattr(rng, "clone_state") else None
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+            torch.cuda.synchronize()
+            graph.replay()  # one untimed replay: the first can include lazy work
+            torch.cuda.synchronize()
+            self._graph, self._run, self.method = graph, graph.replay, "cuda_graph"
+        except Exception as e:  # noqa: BLE001 - capture fails in many ways; each means "time eagerly"
+            self.note = f"CUDA-graph capture failed, timed eager calls: {type(e).__name__}: {e}"[:500]
+            # A capture that fails midway leaves the device's default generator in "capturing" state
+            # (capture_end raises before its epilogue) and every later CUDA random op in the process
+            # fails with "Offset increment outside graph capture": put back the state from before.
+            if rng_before is not None:
+                rng.graphsafe_set_state(rng_before)
+            del graph
+            torch.cuda.synchronize()
+
+    def sample(self) -> float:
+        """One timed call, in microseconds."""
+        if not self.cuda:
+            _maybe_barrier(self._barrier, self._group)
+            t0 = time.perf_counter()
+            self._run()
+            return (time.perf_counter() - t0) * 1e6
+        torch.cuda.synchronize()
+        _maybe_barrier(self._barrier, self._group)
+        self._start.record()
+        self._run()
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) * 1e3  # ms -> us
+
+    def finish(self) -> None:
+        """The closing barrier, so that no rank leaves the timed region while another is in it."""
+        _maybe_barrier(self._barrier, self._group)
+
+
+def _time_with(sampler: CallSampler, repeats: int) -> Timing:
+    samples = [sampler.sample() for _ in range(repeats)]
+    sampler.finish()
+    return _summarize(samples, method=sampler.method, note=sampler.note)
 
 
 def time_cpu(
@@ -90,16 +203,7 @@ def time_cpu(
     :func:`reduce_across_ranks`.
     """
     _check_counts(warmup, repeats)
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        _maybe_barrier(barrier, group)
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    _maybe_barrier(barrier, group)
-    return _summarize(samples, method="perf_counter")
+    return _time_with(CallSampler(fn, device="cpu", warmup=warmup, barrier=barrier, group=group), repeats)
 
 
 def time_cuda(
@@ -121,49 +225,9 @@ def time_cuda(
     _check_counts(warmup, repeats)
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device; use time_cpu on CPU (or time_fn to pick)")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(warmup, 1)):  # capture needs at least one eager run first
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    run, method, note = fn, "cuda_events", ""
-    if cuda_graph:
-        rng = torch.cuda.default_generators[torch.cuda.current_device()]
-        rng_before = rng.clone_state() if hasattr(rng, "clone_state") else None
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                fn()
-            torch.cuda.synchronize()
-            graph.replay()  # one untimed replay: the first can include lazy work
-            torch.cuda.synchronize()
-            run, method = graph.replay, "cuda_graph"
-        except Exception as e:  # noqa: BLE001 - capture fails in many ways; each means "time eagerly"
-            note = f"CUDA-graph capture failed, timed eager calls: {type(e).__name__}: {e}"[:500]
-            # A capture that fails midway leaves the device's default generator in "capturing" state
-            # (capture_end raises before its epilogue) and every later CUDA random op in the process
-            # fails with "Offset increment outside graph capture": put back the state from before.
-            if rng_before is not None:
-                rng.graphsafe_set_state(rng_before)
-            del graph
-            torch.cuda.synchronize()
-
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        _maybe_barrier(barrier, group)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)  # ms -> us
-    _maybe_barrier(barrier, group)
-    return _summarize(samples, method=method, note=note)
+    sampler = CallSampler(fn, device=torch.device("cuda", torch.cuda.current_device()), warmup=warmup,
+                          cuda_graph=cuda_graph, barrier=barrier, group=group)
+    return _time_with(sampler, repeats)
 
 
 def time_fn(

@@ -437,10 +437,13 @@ class _RangeCompiler:
                 if piece.splitting_op is not None:
                     records.append(PieceRecord(piece.index, target, "splitting_op", op=piece.splitting_op))
                     return submod(*args, **kwargs)
+                # Run the piece before compiling it: Inductor rewrites a piece that returns one value to return a
+                # list, in place, so the submodule would hand the next op a list afterwards.
+                out = submod(*args, **kwargs)
                 fn, record = outer._compile_piece(submod, list(args), piece.index, target, sp=sp, policy=policy)
                 compiled[target] = fn
                 records.append(record)
-                return submod(*args, **kwargs)
+                return out
 
         fake_mode = detect_fake_mode(inputs) or self.fake_mode
         fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(

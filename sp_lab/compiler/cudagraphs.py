@@ -16,8 +16,8 @@
 Token counts above the largest capture size run without graphs (they are padded to no size). Replay copies
 the inputs whose storage moved into the captured buffers; weights keep their storage and are not copied.
 Piece graphs of a device share one memory pool (they never run concurrently); each whole-forward graph has
-its own. The host overhead graphs remove
-matters most at small token counts (an eager fused symm_mem op costs ~0.2-0.33 ms of host time).
+its own. The host overhead graphs remove matters most at small token counts (docs/measured-h200.md: an
+eager fused op costs ~0.2-0.33 ms of host time).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 On CUDA the pass emits PyTorch's symmetric-memory kernels (``torch.ops.symm_mem.fused_all_gather_matmul`` and
 ``torch.ops.symm_mem.fused_matmul_reduce_scatter``), which pipeline chunk matmuls with peer-to-peer copies over
-NVLink. Those kernels have no CPU implementation (BACKGROUND.md section 5), so for gloo ranks this module
+NVLink. Those kernels have no CPU implementation (docs/sp-and-async-tp.md), so for gloo ranks this module
 registers two ops of its own with the same semantics:
 
 - ``sp_lab::fused_all_gather_matmul(a [c, K], b [K, N]) -> [tp*c, N]``: ``all_gather(a, dim 0) @ b``
@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
+
+from sp_lab.distributed.collectives import all_gather_single
 
 __all__ = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter", "symm_mem_ops_available"]
 
@@ -42,7 +44,7 @@ def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, group_name: str, g
     rank = dist.get_rank(group)
     c = a.shape[0]
     gathered = a.new_empty((group_size * c, a.shape[1]))
-    work = dist.all_gather_into_tensor(gathered, a.contiguous(), group=group, async_op=True)
+    work = all_gather_single(gathered, a.contiguous(), group=group, async_op=True)
     out = a.new_empty((group_size * c, b.shape[1]))
     torch.mm(a, b, out=out[rank * c : (rank + 1) * c])
     work.wait()

@@ -100,7 +100,7 @@ def _target_str(node: fx.Node) -> str:
 
 
 def graph_snapshot(graph: fx.Graph, splitting_ops: frozenset[str] = frozenset()) -> dict[str, list]:
-    """Nodes (name, op, target, kind, shape, dtype) and edges of ``graph``, for the explorer."""
+    """Nodes (name, op, target, kind, shape, dtype, module, source) and edges of ``graph``, for the explorer."""
     nodes, edges = [], []
     for node in graph.nodes:
         val = node.meta.get("val")
@@ -112,10 +112,43 @@ def graph_snapshot(graph: fx.Graph, splitting_ops: frozenset[str] = frozenset())
                 "kind": node_kind(node, splitting_ops),
                 "shape": shape_json(val),
                 "dtype": str(val.dtype).removeprefix("torch.") if isinstance(val, torch.Tensor) else None,
+                "module": _module_path(node),
+                "source": _source_line(node),
             }
         )
         edges.extend([src.name, node.name] for src in node.all_input_nodes)
     return {"nodes": nodes, "edges": edges}
+
+
+def _module_path(node: fx.Node) -> str | None:
+    """The model's name for where ``node`` comes from (``model.layers.0.mlp.down_proj``), from Dynamo's
+    ``nn_module_stack`` (innermost module; Dynamo's ``L['self'].`` prefix dropped)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = str(list(stack.values())[-1][0])
+    for prefix in ("L['self'].", "L['self']", "self."):
+        path = path.removeprefix(prefix)
+    return path or None
+
+
+def _source_line(node: fx.Node) -> str | None:
+    """The innermost frame of the node's stack trace as ``"layers.py:57  return F.linear(x, w)"``."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = trace.rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+    if not frames:
+        return None
+    head = lines[frames[-1]].strip()  # File "/path/layers.py", line 57, in forward
+    code = lines[frames[-1] + 1].strip() if frames[-1] + 1 < len(lines) else ""
+    try:
+        file = head.split('"')[1].rsplit("/", 1)[-1]
+        line = head.split(", line ")[1].split(",")[0]
+    except IndexError:
+        return head
+    return f"{file}:{line}  {code}"
 
 
 def structural_fingerprint(gm: fx.GraphModule, example_inputs: list[Any]) -> str:

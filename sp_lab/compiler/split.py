@@ -7,13 +7,14 @@ partitions, and an in-place update (the residual ``add_``) could move past a rea
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
 from torch import fx
 from torch.fx.passes.split_module import split_module
 
-__all__ = ["Piece", "SplitGraph", "op_name", "split_at"]
+__all__ = ["Piece", "SplitGraph", "node_op_name", "op_name", "split_at"]
 
 
 def op_name(target: object) -> str | None:
@@ -23,6 +24,24 @@ def op_name(target: object) -> str | None:
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.name
     return None
+
+
+# An op that mutates an argument (vLLM's ``unified_attention_with_output(q, k, v, output, layer_name)``) reaches
+# an AOT (functional aten) graph wrapped in one of these higher-order ops, the op itself as first argument.
+_FUNCTIONALIZED = tuple(
+    op for op in (getattr(torch.ops.higher_order, name, None) for name in ("auto_functionalized",
+                                                                           "auto_functionalized_v2"))
+    if op is not None
+)
+
+
+def node_op_name(node: fx.Node) -> str | None:
+    """The qualified op a ``call_function`` node runs, looking through auto-functionalization."""
+    if node.op != "call_function":
+        return None
+    if node.target in _FUNCTIONALIZED and node.args:
+        return op_name(node.args[0])
+    return op_name(node.target)
 
 
 @dataclass
@@ -53,8 +72,12 @@ def split_at(gm: fx.GraphModule, splitting_ops: list[str]) -> SplitGraph:
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        name = op_name(node.target) if node.op == "call_function" else None
-        if name in wanted:
+        name = node_op_name(node)
+        if node.target is operator.getitem and partition_of.get(node.args[0]) in split_kind:
+            # An op with several outputs: its getitems stay with it, so the next piece receives tensors, not the
+            # tuple (Inductor takes tensor inputs only).
+            partition_of[node] = partition_of[node.args[0]]
+        elif name in wanted:
             current += 1
             partition_of[node] = current
             split_kind[current] = name

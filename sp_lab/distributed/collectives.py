@@ -7,13 +7,16 @@
 - :func:`maybe_enable_symm_mem` switches symmetric memory on for a group when the machine allows it and
   says why not otherwise; without it PyTorch's AsyncTP fusion silently does nothing (torch 2.11-2.14).
 - :func:`device_for_rank` picks the device a rank computes on.
+- :data:`all_gather_single` / :data:`reduce_scatter_single`: the eager dim-0 collectives under their
+  current names (torch 2.13 deprecates ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` with a
+  FutureWarning; 2.11 has only the old names).
 - :func:`rehearse_on_one_gpu` turns a gloo rank into a *rehearsal* rank: every rank computes on the same GPU
   and symmetric memory spans the overlapping devices, so the multi-rank GPU code path (the real
   ``symm_mem`` fused kernels, Inductor's lowering of them, every collective sp_lab emits) runs on a machine
   with one GPU (functional all_gathers take gloo's host-staged path there, see
-  ``_install_gloo_cuda_all_gather``). What a rehearsal cannot show: real overlap (the ranks take turns on one GPU) and CUDA-graph
-  capture of the collectives (gloo's are not capturable), so its latencies are labelled ``rehearsal`` and
-  never tuned on.
+  ``_install_gloo_cuda_all_gather``). What a rehearsal cannot show: real overlap (the ranks take turns on
+  one GPU) and CUDA-graph capture of the collectives (gloo's are not capturable), so its latencies are
+  labelled ``rehearsal`` and never tuned on.
 """
 
 from __future__ import annotations
@@ -28,13 +31,22 @@ import torch.distributed as dist
 
 __all__ = [
     "REHEARSAL_NOTE",
+    "all_gather_single",
     "device_for_rank",
     "fake_process_group",
     "maybe_enable_symm_mem",
+    "reduce_scatter_single",
     "rehearsal_device",
     "rehearse_on_one_gpu",
     "tp_group_name",
 ]
+
+# Chosen once: the new names where this torch has them (no FutureWarning in every notebook cell),
+# the old ones on torch 2.11-2.12, where they are not deprecated. Same signatures.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""``all_gather_single(output [tp*c, ...], input [c, ...], group=None, async_op=False)``."""
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""``reduce_scatter_single(output [M/tp, ...], input [M, ...], op=SUM, group=None, async_op=False)``."""
 
 REHEARSAL_NOTE = (
     "rehearsal: {world_size} ranks share one GPU ({device}) on a gloo group, with symmetric memory on "
@@ -147,7 +159,7 @@ def rehearse_on_one_gpu(device: int | str | torch.device = 0) -> torch.device:
 # Functional all_gathers (what sp_lab's LM head, the SP pass and Inductor emit) reach gloo through
 # allgather_into_tensor_coalesced, which treats CUDA pointers as host memory and segfaults (pytorch issue
 # #152645; seen here on torch 2.11 for eager and compiled all_gathers, while all_reduce and reduce_scatter
-# work). dist.all_gather_into_tensor takes gloo's _allgather_base, which stages CUDA tensors through the
+# work). dist.all_gather_into_tensor (all_gather_single) takes gloo's _allgather_base, which stages CUDA tensors through the
 # host correctly. Rehearsal ranks therefore get CUDA kernels for the functional all_gather ops that call it;
 # its result is complete when returned, so the graph's wait_tensor finds no pending work and passes it on.
 _gloo_cuda_all_gather_lib: torch.library.Library | None = None
@@ -162,9 +174,7 @@ def _install_gloo_cuda_all_gather() -> None:
     def gather_into(out: torch.Tensor, shard: torch.Tensor, group: str | dist.ProcessGroup) -> torch.Tensor:
         # The op's group argument is a name (torch 2.11) or may be the group itself (newer schemas: Any).
         group = group if isinstance(group, dist.ProcessGroup) else _resolve_process_group(group)
-        with warnings.catch_warnings():  # deprecated from torch 2.13 in favour of all_gather_single
-            warnings.simplefilter("ignore", FutureWarning)
-            dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
+        all_gather_single(out, shard.contiguous(), group=group)
         return out
 
     def all_gather_into_tensor(shard: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:

@@ -18,6 +18,8 @@ How it is built, and why:
   re-import the caller's ``__main__``, so a script without an ``if __name__ == "__main__"`` guard works.
 - ``fn`` and its arguments travel with cloudpickle, which pickles functions defined in a notebook (or any
   ``__main__``) by value. Workers get the caller's ``sys.path`` so functions of importable modules resolve.
+  ``torch.ops`` and its ops travel by name, and custom ops defined in the notebook are re-created in every
+  rank before the function is loaded (:mod:`sp_lab.distributed.job`).
 - The rendezvous store (a :class:`torch.distributed.TCPStore` on 127.0.0.1, port chosen by the OS) lives
   in the caller, so no rank races for a free port and a dead rank 0 cannot take the store with it.
 - Each rank reports ``("ok", result)`` or ``("error", ...)`` over a pipe of its own. EOF on that pipe
@@ -38,13 +40,10 @@ or from the command line::
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import dataclasses
 import datetime
 import faulthandler
 import importlib
-import json
 import os
 import shutil
 import signal
@@ -54,15 +53,26 @@ import tempfile
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_connections
-from typing import Any, TextIO
+from typing import Any
 
 import cloudpickle
 import torch
 import torch.distributed as dist
+
+from sp_lab.distributed.errors import LaunchError, LaunchTimeout, RankError, describe_exit
+from sp_lab.distributed.job import Job, check_before_launch, recreate_custom_ops, serialise_job
+from sp_lab.distributed.process_group import (
+    RankInfo,
+    cpu_threads_per_rank,
+    init_from_env,
+    init_process_group,
+    resolve_backend,
+    run_under_torchrun,
+)
+from sp_lab.distributed.rank_processes import Worker, dump_stacks, kill_trees, start_worker
 
 __all__ = [
     "LaunchError",
@@ -75,364 +85,13 @@ __all__ = [
     "run_under_torchrun",
 ]
 
-# Environment every rank gets before the process group exists. NVLink multicast (NVLS) is kept off:
-# it needs fabric-manager support that lent and shared machines often lack, and symmetric memory
-# falls back to it silently. setdefault, so a user who knows better can still switch it on.
-_RANK_ENV_DEFAULTS = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
-# Backends a rank of launch() cannot use, and what to do instead.
-_UNLAUNCHABLE = {
-    "fake": "the fake backend runs in one process; use sp_lab.distributed.collectives.fake_process_group",
-    "undefined": "'undefined' is a placeholder, not a backend",
-}
-
 # After the first failure, how long to keep listening for reports of other ranks: a second rank
 # failing on its own (not because of the first) is worth seeing, and this is short enough to feel instant.
 _FAILURE_GRACE_S = 0.5
 # After every rank has reported, how long ranks get to tear their process group down and exit.
 _EXIT_GRACE_S = 5.0
-# Between SIGTERM and SIGKILL during clean-up.
-_TERMINATE_GRACE_S = 3.0
 # Longest single wait of the caller's loop: short, so Ctrl-C in a notebook is handled promptly.
 _POLL_S = 0.25
-# How much of a rank's stderr to keep for error messages.
-_STDERR_TAIL_LINES = 400
-
-
-# ----------------------------------------------------------------------------------------------------
-# Errors
-
-
-class LaunchError(RuntimeError):
-    """Base class of the errors :func:`launch` raises once workers have started."""
-
-
-class RankError(LaunchError):
-    """A rank raised, returned something that cannot be sent back, or died without reporting.
-
-    Attributes:
-        rank: the failing rank (the first to fail when several did).
-        traceback: the rank's formatted Python traceback, or None when the process died without one
-            (SIGKILL, segfault, ``os._exit``).
-        exitcode: the process's exit status when known: negative for "killed by signal -exitcode".
-        other_failures: one line for each other rank that failed too, usually as a consequence.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        rank: int | None = None,
-        traceback: str | None = None,
-        exitcode: int | None = None,
-        other_failures: Sequence[str] = (),
-    ):
-        super().__init__(message)
-        self.rank = rank
-        self.traceback = traceback
-        self.exitcode = exitcode
-        self.other_failures = tuple(other_failures)
-
-    @property
-    def signal(self) -> signal.Signals | None:
-        """The signal that killed the rank, if one did."""
-        return _signal_of(self.exitcode)
-
-    def __reduce__(self):
-        return _rebuild_error, (type(self), str(self), self.__dict__)
-
-
-class LaunchTimeout(LaunchError, TimeoutError):
-    """The deadline passed while some ranks were still running (they have been killed).
-
-    Attributes:
-        ranks: the ranks that were still running.
-        timeout: the ``timeout=`` given to :func:`launch`, in seconds.
-        stacks: rank -> the Python stack dump taken just before the kill ("" if none arrived).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        ranks: Sequence[int] = (),
-        timeout: float | None = None,
-        stacks: dict[int, str] | None = None,
-    ):
-        super().__init__(message)
-        self.ranks = tuple(ranks)
-        self.timeout = timeout
-        self.stacks = dict(stacks or {})
-
-    def __reduce__(self):
-        return _rebuild_error, (type(self), str(self), self.__dict__)
-
-
-def _rebuild_error(cls: type[LaunchError], message: str, state: dict) -> LaunchError:
-    error = cls(message)
-    error.__dict__.update(state)
-    return error
-
-
-def _signal_of(exitcode: int | None) -> signal.Signals | None:
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode)
-    except ValueError:
-        return None
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    sig = _signal_of(exitcode)
-    if sig is not None:
-        hint = " (often the kernel's out-of-memory killer)" if sig == signal.SIGKILL else ""
-        return f"was killed by signal {sig.name}{hint} (exit code {exitcode})"
-    if exitcode is None:
-        return "closed its result pipe but did not exit"
-    return f"exited with code {exitcode}"
-
-
-# ----------------------------------------------------------------------------------------------------
-# Backend choice and process-group initialisation (shared by launch() workers and torchrun)
-
-
-@dataclasses.dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits in the job, as seen after the process group is initialised."""
-
-    rank: int
-    """Global rank of this process, 0..world_size-1."""
-    world_size: int
-    """Number of ranks in the default group."""
-    local_rank: int
-    """Rank among the processes of this machine; selects the GPU with NCCL."""
-    backend: str
-    """The process group's backend: "gloo", "nccl", ..."""
-    device: torch.device
-    """The device this rank should compute on: cuda:local_rank with NCCL, cpu otherwise."""
-
-
-def _known_backends() -> list[str]:
-    return [b for b in dist.Backend.backend_list if b not in _UNLAUNCHABLE]
-
-
-def resolve_backend(backend: str, world_size: int) -> str:
-    """Turn ``backend`` ("auto", "gloo", "nccl", ...) into one that can run ``world_size`` ranks here.
-
-    "auto" picks NCCL when CUDA and NCCL are present and there is one GPU per rank, else gloo (with a
-    warning when some GPUs exist but too few). Raises ValueError naming the bad value and what would
-    work: a backend unknown to this torch, one not built into it, or NCCL with more ranks than GPUs.
-    ``world_size`` counts the ranks of *this machine* (torchrun's LOCAL_WORLD_SIZE).
-    """
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string such as 'auto', 'gloo' or 'nccl', got {backend!r}")
-    name = backend.lower()
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if name == "auto":
-        if gpus >= world_size and dist.is_nccl_available():
-            return "nccl"
-        if gpus:
-            warnings.warn(
-                f"backend='auto' with world_size={world_size} but only {gpus} GPU(s) visible: using gloo "
-                f"on the CPU. Pass world_size<={gpus} to run on the GPUs with NCCL.",
-                stacklevel=3,
-            )
-        return "gloo"
-    if name in _UNLAUNCHABLE:
-        raise ValueError(f"backend={backend!r} cannot run ranks: {_UNLAUNCHABLE[name]}")
-    known = _known_backends()
-    if name not in known:
-        raise ValueError(
-            f"backend={backend!r} is not known to torch {torch.__version__}; "
-            f"known backends: {', '.join(repr(b) for b in ['auto', *known])}"
-        )
-    available = [b for b in known if dist.is_backend_available(b)]
-    # The GPU count first: on a CPU machine "too few GPUs" is the cause worth naming, not the build.
-    if name == "nccl" and gpus < world_size:
-        fix = f"use world_size<={gpus}, or " if gpus else "use "
-        build = "" if dist.is_nccl_available() else f" (and this torch, {torch.__version__}, has no NCCL)"
-        raise ValueError(
-            f"world_size={world_size} with backend='nccl' needs one GPU per rank, but {gpus} GPU(s) "
-            f"are visible{build}; {fix}backend='gloo' (or 'auto') to run the ranks on the CPU"
-        )
-    if name not in available:
-        raise ValueError(
-            f"backend={backend!r} is not built into this torch ({torch.__version__}); "
-            f"available here: {', '.join(repr(b) for b in ['auto', *available])}"
-        )
-    return name
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def _cpu_threads_per_rank(world_size: int) -> int:
-    """Ranks share the machine's cores; oversubscribing them makes CPU collectives crawl."""
-    return max(1, _cpu_count() // world_size)
-
-
-def _init_process_group(
-    backend: str,
-    *,
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    timeout_s: float,
-    store: dist.Store | None = None,
-) -> RankInfo:
-    """Initialise the default group; ``store=None`` means env:// (MASTER_ADDR/MASTER_PORT, torchrun)."""
-    for key, value in _RANK_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    device = torch.device("cpu")
-    options: dict[str, Any] = {}
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        options["device_id"] = device  # binds the communicator to this GPU up front
-    dist.init_process_group(
-        backend,
-        init_method=None if store is not None else "env://",
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        **options,
-    )
-    return RankInfo(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=device)
-
-
-def _int_env(name: str, default: int | None = None) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        if default is not None:
-            return default
-        raise RuntimeError(
-            f"environment variable {name} is not set: init_from_env() expects torchrun (or another "
-            "launcher) to set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. "
-            "In a notebook, use sp_lab.launch(fn, world_size=N) instead."
-        )
-    try:
-        return int(value)
-    except ValueError:
-        raise RuntimeError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def init_from_env(backend: str = "auto", *, timeout: float = 1800.0) -> RankInfo:
-    """Initialise the default process group from torchrun's environment (env:// rendezvous).
-
-    Reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, picks the backend as :func:`launch` does
-    (one GPU per local rank for NCCL), sets the NVLink-multicast-off defaults and, with NCCL, the current
-    CUDA device. If a group already exists it is left alone and described. ``timeout`` bounds every
-    collective, in seconds.
-    """
-    if dist.is_initialized():
-        backend_now = str(dist.get_backend())
-        local_rank = _int_env("LOCAL_RANK", 0)
-        device = torch.device("cuda", local_rank) if backend_now == "nccl" else torch.device("cpu")
-        return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend_now, device)
-    rank, world_size = _int_env("RANK"), _int_env("WORLD_SIZE")
-    local_rank = _int_env("LOCAL_RANK", rank)
-    local_world_size = _int_env("LOCAL_WORLD_SIZE", world_size)
-    resolved = resolve_backend(backend, local_world_size)
-    if resolved != "nccl":
-        torch.set_num_threads(_cpu_threads_per_rank(local_world_size))
-    return _init_process_group(
-        resolved, rank=rank, world_size=world_size, local_rank=local_rank, timeout_s=timeout
-    )
-
-
-def run_under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", **kwargs: Any) -> Any:
-    """Under torchrun: initialise the group from the environment, return ``fn(*args, **kwargs)``, clean up.
-
-    The cluster-side twin of :func:`launch`: the same ``fn`` runs unchanged, but each process returns
-    only its own rank's result.
-    """
-    created = not dist.is_initialized()
-    init_from_env(backend)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        if created and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-# ----------------------------------------------------------------------------------------------------
-# The caller's side
-
-
-@dataclasses.dataclass(frozen=True)
-class _Job:
-    """What every rank receives: the function, its arguments and how to join the group."""
-
-    fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
-    backend: str
-    timeout_s: float
-    store_port: int
-
-
-class _OutputPump:
-    """Forwards one stream of a worker to the caller's, line by line with a ``[rank N]`` prefix.
-
-    Keeps the last lines so error messages can quote what a dying rank printed.
-    """
-
-    def __init__(self, source, rank: int, target: Callable[[], TextIO], keep: int):
-        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
-        self.count = 0  # lines seen so far, to find what arrived after a given moment
-        self._source = source
-        self._prefix = f"[rank {rank}] "
-        self._target = target
-        self._thread = threading.Thread(target=self._pump, name=f"sp_lab-rank{rank}-output", daemon=True)
-        self._thread.start()
-
-    def _pump(self) -> None:
-        for raw in iter(self._source.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            self.lines.append(line)
-            self.count += 1
-            # A closed or odd caller stream must not kill the pump: the worker would block on a full pipe.
-            with contextlib.suppress(Exception):
-                # Resolved per line: in Jupyter, sys.stdout is swapped per cell.
-                stream = self._target()
-                stream.write(self._prefix + line)
-                stream.flush()
-        self._source.close()
-
-    def lines_since(self, count: int) -> str:
-        new = min(self.count - count, len(self.lines))
-        return "".join(list(self.lines)[len(self.lines) - new :]) if new > 0 else ""
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-
-@dataclasses.dataclass
-class _Worker:
-    """The caller's handle on one rank."""
-
-    rank: int
-    process: subprocess.Popen
-    results: Connection
-    """Read end of the rank's result pipe."""
-    stdout: _OutputPump
-    stderr: _OutputPump
-    report: tuple | None = None
-    """("ok", result) or ("error", exc_type, message, traceback), once received."""
-
-    def stderr_tail(self, lines: int = 20) -> str:
-        tail = list(self.stderr.lines)[-lines:]
-        return "".join(tail)
 
 
 def _check_launch_args(fn: Any, world_size: Any, timeout: Any) -> None:
@@ -444,83 +103,8 @@ def _check_launch_args(fn: Any, world_size: Any, timeout: Any) -> None:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
 
-def _serialise_job(job: _Job) -> bytes:
-    try:
-        return cloudpickle.dumps(job)
-    except Exception as error:
-        raise TypeError(
-            f"launch() could not serialise {job.fn!r} and its arguments with cloudpickle ({error}). "
-            "Arguments must be picklable: pass data (tensors, numbers, configs), not open files, locks "
-            "or process groups, and create such things inside the function."
-        ) from error
 
-
-# Started with -c rather than -m so the caller's sys.path (a notebook's sys.path.insert included) is in
-# place before sp_lab itself is imported; the same trick multiprocessing's spawn uses.
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from sp_lab.distributed.launch import _spawned_worker_main; _spawned_worker_main(sys.argv[2:])"
-)
-
-
-def _worker_env(rank: int, world_size: int, backend: str, store_port: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        GROUP_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(store_port),
-        PYTHONUNBUFFERED="1",  # prints reach the caller as they happen
-    )
-    for key, value in _RANK_ENV_DEFAULTS.items():
-        env.setdefault(key, value)
-    if backend != "nccl":
-        env["OMP_NUM_THREADS"] = str(_cpu_threads_per_rank(world_size))
-    # TORCHINDUCTOR_CACHE_DIR and everything else the caller set is inherited as is, so ranks share
-    # the caller's compile cache.
-    return env
-
-
-def _start_worker(
-    rank: int, world_size: int, backend: str, store_port: int, job_path: str, lifeline_fd: int
-) -> _Worker:
-    read_fd, write_fd = os.pipe()
-    try:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _BOOTSTRAP,
-                json.dumps(sys.path),
-                job_path,
-                str(write_fd),
-                str(lifeline_fd),
-            ],
-            env=_worker_env(rank, world_size, backend, store_port),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(write_fd, lifeline_fd),
-            start_new_session=True,  # own process group: clean-up kills the whole tree, Ctrl-C does not
-        )
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)  # only the worker may hold it, or EOF would never come
-    return _Worker(
-        rank=rank,
-        process=process,
-        results=Connection(read_fd, writable=False),
-        stdout=_OutputPump(process.stdout, rank, lambda: sys.stdout, keep=50),
-        stderr=_OutputPump(process.stderr, rank, lambda: sys.stderr, keep=_STDERR_TAIL_LINES),
-    )
-
-
-def _receive(worker: _Worker) -> None:
+def _receive(worker: Worker) -> None:
     """Read the rank's report, or record that it died without one."""
     try:
         data = worker.results.recv_bytes()
@@ -542,13 +126,13 @@ def _receive(worker: _Worker) -> None:
         )
 
 
-def _failure_message(worker: _Worker) -> tuple[str, str | None, int | None]:
+def _failure_message(worker: Worker) -> tuple[str, str | None, int | None]:
     """(message, traceback, exitcode) for a failed rank."""
     kind = worker.report[0]
     if kind == "died":
         exitcode = worker.report[1]
         tail = worker.stderr_tail()
-        message = f"rank {worker.rank} {_describe_exit(exitcode)} before reporting a result"
+        message = f"rank {worker.rank} {describe_exit(exitcode)} before reporting a result"
         if tail.strip():
             message += f"; last lines of its stderr:\n{tail.rstrip()}"
         return message, None, exitcode
@@ -560,56 +144,11 @@ def _failure_message(worker: _Worker) -> tuple[str, str | None, int | None]:
     )
 
 
-def _one_line(worker: _Worker) -> str:
+def _one_line(worker: Worker) -> str:
     if worker.report[0] == "died":
-        return f"rank {worker.rank} {_describe_exit(worker.report[1])}"
+        return f"rank {worker.rank} {describe_exit(worker.report[1])}"
     return f"rank {worker.rank} raised {worker.report[1]}: {str(worker.report[2]).splitlines()[0][:200]}"
 
-
-def _dump_stacks(workers: Sequence[_Worker]) -> dict[int, str]:
-    """Ask stuck ranks for their Python stacks (faulthandler on SIGUSR1) and collect what arrives."""
-    if not hasattr(signal, "SIGUSR1"):
-        return {}
-    before = {}
-    for worker in workers:
-        before[worker.rank] = worker.stderr.count
-        try:
-            worker.process.send_signal(signal.SIGUSR1)
-        except (ProcessLookupError, OSError):
-            pass
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline and any(w.stderr.count == before[w.rank] for w in workers):
-        time.sleep(0.05)
-    time.sleep(0.1)  # the dump is several lines; let the rest of it arrive
-    return {w.rank: w.stderr.lines_since(before[w.rank]) for w in workers}
-
-
-def _kill_trees(workers: Sequence[_Worker]) -> None:
-    """SIGTERM every worker's process group, wait a little, then SIGKILL what is left."""
-
-    def signal_group(worker: _Worker, sig: int) -> None:
-        try:
-            os.killpg(worker.process.pid, sig)  # pid == pgid: each worker leads its own session
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    alive = [w for w in workers if w.process.poll() is None]
-    for worker in alive:
-        signal_group(worker, signal.SIGTERM)
-    deadline = time.monotonic() + _TERMINATE_GRACE_S
-    for worker in alive:
-        try:
-            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    # Also for workers that exited by themselves: children they left in their group die here.
-    for worker in workers:
-        signal_group(worker, signal.SIGKILL)
-    for worker in workers:
-        try:
-            worker.process.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:  # unkillable (D state); nothing more to do from here
-            pass
 
 
 def launch(
@@ -646,6 +185,7 @@ def launch(
     Worker processes are always cleaned up: on success, on error, on timeout and on Ctrl-C.
     """
     _check_launch_args(fn, world_size, timeout)
+    check_before_launch(args, kwargs, world_size)
     backend = resolve_backend(backend, world_size)
     started = time.monotonic()
     deadline = started + timeout
@@ -654,18 +194,18 @@ def launch(
     store = dist.TCPStore(
         "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False
     )
-    job = _Job(fn, args, kwargs, backend, float(timeout), store.port)
-    payload = _serialise_job(job)
+    job = Job(fn, args, kwargs, backend, float(timeout), store.port)
+    payload = serialise_job(job)
 
     workdir = tempfile.mkdtemp(prefix="sp_lab_launch_")
     lifeline_read, lifeline_write = os.pipe()
-    workers: list[_Worker] = []
+    workers: list[Worker] = []
     try:
         job_path = os.path.join(workdir, "job.pkl")
         with open(job_path, "wb") as file:
             file.write(payload)
         for rank in range(world_size):
-            workers.append(_start_worker(rank, world_size, backend, store.port, job_path, lifeline_read))
+            workers.append(start_worker(rank, world_size, backend, store.port, job_path, lifeline_read))
         os.close(lifeline_read)
         lifeline_read = -1
         _wait_for_reports(workers, deadline, timeout)
@@ -679,7 +219,7 @@ def launch(
         return [worker.report[1] for worker in workers]
     finally:
         try:
-            _kill_trees(workers)
+            kill_trees(workers)
         finally:
             # Even if clean-up itself is interrupted (a second Ctrl-C), closing the lifeline makes any
             # surviving worker kill its own process group.
@@ -694,10 +234,10 @@ def launch(
             del store
 
 
-def _wait_for_reports(workers: list[_Worker], deadline: float, timeout: float) -> None:
+def _wait_for_reports(workers: list[Worker], deadline: float, timeout: float) -> None:
     """Block until every rank reported success; raise on the first failure or at the deadline."""
     pending = {worker.results: worker for worker in workers}
-    failures: list[_Worker] = []
+    failures: list[Worker] = []
     stop_listening_at = deadline
     while pending:
         now = time.monotonic()
@@ -719,7 +259,7 @@ def _wait_for_reports(workers: list[_Worker], deadline: float, timeout: float) -
         raise RankError(message, rank=first.rank, traceback=tb, exitcode=exitcode, other_failures=others)
     if pending:
         stuck = sorted(pending.values(), key=lambda w: w.rank)
-        stacks = _dump_stacks(stuck)
+        stacks = dump_stacks(stuck)
         ranks = [w.rank for w in stuck]
         finished = [w.rank for w in workers if w.rank not in ranks]
         message = (
@@ -789,14 +329,15 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
 
     try:
         with open(job_path, "rb") as file:
-            job: _Job = cloudpickle.load(file)
+            recreate_custom_ops(cloudpickle.load(file))  # first: loading the job may look the ops up
+            job: Job = cloudpickle.load(file)
     except BaseException as error:  # noqa: BLE001 - reported to the caller, which raises it
         _send_error(results, rank, error, context="could not load the function and its arguments: ")
         _exit_now(1)
 
     try:
         if job.backend != "nccl":
-            torch.set_num_threads(_cpu_threads_per_rank(world_size))
+            torch.set_num_threads(cpu_threads_per_rank(world_size))
         store = dist.TCPStore(
             "127.0.0.1",
             job.store_port,
@@ -804,7 +345,7 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
             False,
             timeout=datetime.timedelta(seconds=job.timeout_s),
         )
-        _init_process_group(
+        init_process_group(
             job.backend,
             rank=rank,
             world_size=world_size,

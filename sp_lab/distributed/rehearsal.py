@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-REHEARSAL = "rehearsal"  # the row source; moves to sp_lab.vocabulary once that lands
+from sp_lab.vocabulary import REHEARSAL
 
 __all__ = ["BOUNDARIES", "RehearsalRow", "rehearse_numerics"]
 

@@ -20,7 +20,6 @@ Security: only safetensors files are read. A directory holding only pickle check
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from sp_lab.jsonfile import read_json
 from sp_lab.models.layers import ParamPlan, TensorSlice
 
 __all__ = [
@@ -124,10 +124,10 @@ def read_hf_config(path: str | Path) -> dict:
     config = path / "config.json"
     if not config.is_file():
         raise CheckpointError(f"{path} has no config.json; a Hugging Face checkpoint directory needs one")
-    try:
-        return json.loads(config.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{config} is not valid JSON: {e}") from e
+    hf = read_json(config, what="config.json", error=CheckpointError)
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{config}: expected a JSON object, got {type(hf).__name__}")
+    return hf
 
 
 class SafetensorsWeights:
@@ -148,7 +148,10 @@ class SafetensorsWeights:
     def _build_index(self) -> dict[str, Path]:
         index_file = self.path / "model.safetensors.index.json"
         if index_file.is_file():
-            weight_map = json.loads(index_file.read_text())["weight_map"]
+            weight_map = read_json(index_file, what="index", error=CheckpointError)
+            if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
+                raise CheckpointError(f"{index_file}: expected a JSON object with a 'weight_map' object")
+            weight_map = weight_map["weight_map"]
             index = {name: self.path / file for name, file in weight_map.items()}
             absent = sorted({str(p.name) for p in index.values() if not p.is_file()})
             if absent:
@@ -176,7 +179,16 @@ class SafetensorsWeights:
 
     def _handle(self, file: Path):
         if file not in self._handles:
-            self._handles[file] = self._safe_open(str(file), framework="pt", device="cpu")
+            from safetensors import SafetensorError
+
+            try:
+                self._handles[file] = self._safe_open(str(file), framework="pt", device="cpu")
+            except SafetensorError as e:
+                # safe_open checks the header and that the file is as long as the header says.
+                raise CheckpointError(
+                    f"{file}: not a readable safetensors file ({e}); a download cut short, or another format "
+                    "renamed *.safetensors? Fetch the file again"
+                ) from e
         return self._handles[file]
 
     def fill(self, piece: TensorSlice, out: torch.Tensor) -> None:

@@ -68,10 +68,11 @@ class TensorParallel:
         ``what`` names the dimension in the error, e.g. ``"num_kv_heads"``.
         """
         if full % self.size:
-            ok = [d for d in range(1, min(full, 64) + 1) if full % d == 0 and d & (d - 1) == 0]
+            # Only this dimension is known here; a whole model's sizes come from DecoderConfig.tp_sizes().
+            divisors = [d for d in range(1, min(full, 64) + 1) if full % d == 0]
             raise ValueError(
                 f"tp_size={self.size} does not divide {what}={full}; tensor parallelism needs every "
-                f"rank to hold an equal share. tp_size values that work here: {ok}"
+                f"rank to hold an equal share. tp_size values that divide {what}: {divisors}"
             )
         return full // self.size
 

@@ -13,6 +13,7 @@ after ``o_proj`` and after ``down_proj``; plus one after the embedding and an al
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,35 @@ class DecoderConfig:
     def head_size(self) -> int:
         """The per-head width in effect: ``head_dim`` or ``hidden_size // num_heads``."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    def tp_sharded_sizes(self) -> dict[str, int]:
+        """Every dimension tensor parallelism splits into equal per-rank shares, by the name errors use:
+        query and key/value heads (attention), the MLP width (gate_up / down) and the vocabulary
+        (embedding and LM head)."""
+        return {
+            "num_heads (num_attention_heads)": self.num_heads,
+            "num_kv_heads (num_key_value_heads)": self.num_kv_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+        }
+
+    def tp_sizes(self, limit: int = 64) -> list[int]:
+        """The tp sizes up to ``limit`` that divide every sharded dimension at once (the divisors of
+        their greatest common divisor): e.g. ``[1, 2, 4, 8]`` for Llama-3-8B (32 heads, 8 kv heads)."""
+        common = math.gcd(*self.tp_sharded_sizes().values())
+        return [d for d in range(1, min(common, limit) + 1) if common % d == 0]
+
+    def check_tp_size(self, tp_size: int) -> None:
+        """Raise ``ValueError`` naming every dimension ``tp_size`` does not divide and the sizes that
+        divide them all; checked before any layer is built, so one error says everything."""
+        refused = {what: size for what, size in self.tp_sharded_sizes().items() if size % tp_size}
+        if refused:
+            listed = ", ".join(f"{what}={size}" for what, size in refused.items())
+            raise ValueError(
+                f"tp_size={tp_size} does not divide {listed}; tensor parallelism needs every rank to hold "
+                f"an equal share of the heads, kv heads, intermediate_size and vocab_size. tp_size values "
+                f"that work for this model: {self.tp_sizes()}"
+            )
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """``build()``: from a name ("toy", a preset) or a local HF checkpoint to a ready TP model.
 
-Presets are Hugging Face ``config.json`` shape fields stored in ``data/models/<name>.json``, each
+Presets are Hugging Face ``config.json`` shape fields shipped in ``sp_lab/data/models/<name>.json``, each
 with a ``_source`` naming the public config the numbers come from. Their weights are random
 (:class:`~sp_lab.models.checkpoint.RandomWeights`); a checkpoint directory brings its own.
 """
@@ -8,7 +8,6 @@ with a ``_source`` naming the public config the numbers come from. Their weights
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -26,16 +25,15 @@ from sp_lab.models.checkpoint import (
 from sp_lab.models.layers import TensorParallel
 from sp_lab.models.llama import DecoderConfig, LlamaForCausalLM
 from sp_lab.models.toy import toy_config
+from sp_lab.resources import PRESET_DIR, load_preset, preset_names
 
 __all__ = ["PRESET_DIR", "available", "build", "resolve_config"]
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
-"""Where preset configs live (``data/models/*.json`` at the repository root)."""
 
 
 def available() -> list[str]:
     """Names ``build`` accepts besides a checkpoint path: ``"toy"`` and every preset."""
-    return ["toy", *sorted(p.stem for p in PRESET_DIR.glob("*.json"))]
+    return ["toy", *preset_names()]
 
 
 def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, **overrides) -> DecoderConfig:
@@ -55,7 +53,7 @@ def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, *
         return toy_config(**overrides)
     preset = PRESET_DIR / f"{name}.json"
     if "/" not in name and preset.is_file():
-        cfg = DecoderConfig.from_hf(json.loads(preset.read_text()), name=name)
+        cfg = DecoderConfig.from_hf(load_preset(name), name=name)
     elif is_checkpoint_dir(name):
         cfg = DecoderConfig.from_hf(read_hf_config(name), name=name, source=str(Path(name).resolve()))
     elif Path(name).is_dir():
@@ -111,6 +109,7 @@ def build(
     """
     cfg = resolve_config(name_or_path, num_layers=num_layers, **overrides)
     tp = TensorParallel(rank=tp_rank, size=tp_size)
+    cfg.check_tp_size(tp.size)
     _check_process_group(tp)
     model = LlamaForCausalLM(cfg, tp=tp, dtype=dtype, device=device)
     if torch.device(device).type != "meta":

@@ -1,7 +1,7 @@
 """Per-matmul microbenchmarks: the TP matmuls of a model, fused vs unfused.
 
 Every tensor-parallel decoder layer has four matmuls whose neighbouring collective AsyncTP can
-fuse (BACKGROUND section 1):
+fuse (docs/sp-and-async-tp.md):
 
 ==========  =================  ============================  =================================
 name        side               local weight ``[K, N]``        fused op
@@ -16,7 +16,7 @@ down        reduce_scatter     ``[I / tp, H]``                ``fused_matmul_red
 fused op receives an ``[M/tp, K]`` shard and produces ``[M, N]``; an RS-side one receives ``[M, K]``
 and produces an ``[M/tp, N]`` shard. Both kernels split the M rows into ``tp`` chunks.
 
-Timing follows BACKGROUND section 3: called eagerly, a symmetric-memory fused op costs 0.2-0.33 ms of
+Timing follows docs/measured-h200.md: called eagerly, a symmetric-memory fused op costs 0.2-0.33 ms of
 host time, which swamps the kernel at decode sizes, so CUDA timings replay a CUDA graph of several
 calls and take the median per-call time. This module imports only torch at the top so that
 ``benchmarks/bench_matmul_h200.py`` runs on machines without polars; DataFrames are built lazily.
@@ -25,17 +25,17 @@ calls and take the median per-call time. This module imports only torch at the t
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from sp_lab.resources import load_preset
 
 if TYPE_CHECKING:
     import polars as pl
@@ -47,8 +47,6 @@ RS_SIDE = ("o_proj", "down")
 
 #: The ``source`` label of rows that were timed on hardware (as opposed to "simulated").
 MEASURED = "measured"
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -75,14 +73,10 @@ def _spec_dims(spec: Any) -> dict[str, int]:
 
     Accepts a ``ModelSpec`` (attributes ``num_heads``/``num_kv_heads``), an HF-style dict
     (``num_attention_heads``/``num_key_value_heads``), or a preset name looked up in
-    ``data/models/<name>.json``.
+    ``sp_lab/data/models/<name>.json``.
     """
     if isinstance(spec, str):
-        path = _REPO_ROOT / "data" / "models" / f"{spec}.json"
-        if not path.exists():
-            known = sorted(p.stem for p in (path.parent.glob("*.json") if path.parent.exists() else []))
-            raise ValueError(f"unknown model preset {spec!r}; known presets in {path.parent}: {known}")
-        spec = json.loads(path.read_text())
+        spec = load_preset(spec)
     if not isinstance(spec, Mapping):
         spec = spec.to_dict() if hasattr(spec, "to_dict") else vars(spec)
     aliases = {
@@ -229,6 +223,8 @@ def _unfused_impl(group: Any, tp: int) -> FusedMatmul:
     """all_gather -> mm, or mm -> reduce_scatter, on ``group``; a plain mm when there is no peer."""
     import torch.distributed as dist
 
+    from sp_lab.distributed.collectives import all_gather_single, reduce_scatter_single
+
     world = dist.get_world_size(group) if group is not None else 1
 
     def unfused(a: torch.Tensor, b: torch.Tensor, shape: MatmulShape) -> torch.Tensor:
@@ -236,11 +232,11 @@ def _unfused_impl(group: Any, tp: int) -> FusedMatmul:
             return a @ b
         if shape.side == "ag":
             full = a.new_empty(a.shape[0] * world, a.shape[1])
-            dist.all_gather_into_tensor(full, a, group=group)
+            all_gather_single(full, a, group=group)
             return full @ b
         out = a @ b
         shard = out.new_empty(out.shape[0] // world, out.shape[1])
-        dist.reduce_scatter_tensor(shard, out, group=group)
+        reduce_scatter_single(shard, out, group=group)
         return shard
 
     return unfused

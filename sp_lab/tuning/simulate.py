@@ -3,9 +3,9 @@
 Until multi-GPU measurements exist, a sweep is *predicted* from two ingredients:
 
 1. **Measured single-GPU matmul times** (:class:`MatmulTable`): one H200, bf16, CUDA-graph replay,
-   shipped under ``data/h200/`` with provenance. ``mm`` rows are one ``[M, K] @ [K, N]`` matmul;
+   shipped under ``sp_lab/data/h200/`` with provenance. ``mm`` rows are one ``[M, K] @ [K, N]`` matmul;
    ``mm_chunked`` rows are the same rows split into ``tp`` chunks, which is what a ``tp``-way fused
-   kernel computes (its *chunking penalty*, BACKGROUND section 3). Where no chunked row was measured
+   kernel computes (its *chunking penalty*, docs/measured-h200.md). Where no chunked row was measured
    for a shape, the chunked time is ``tp`` matmuls of ``M/tp`` rows read off the ``mm`` rows -- the
    shipped tp=8 table agrees with that to within ~15% (tests/test_simulate.py checks it).
 2. **An alpha-beta communication model** per interconnect (:class:`AlphaBeta`): a collective on a
@@ -23,7 +23,7 @@ the same in every variant):
 
 Every row this module returns says ``source="simulated"``; :func:`compare_to_measured` refuses to
 mix labels. The model is optimistic for fusion: it assumes perfect overlap inside a fused kernel and
-a constant sync cost, while the world_size-1 measurement (``../shared/data/h200_symm_mem_ws1.json``)
+a constant sync cost, while the world_size-1 measurement (``sp_lab/data/h200/symm_mem_ws1.json``, docs/measured-h200.md)
 shows the fused kernel costing 1.7-2.2x a plain matmul at M=4096 even with no communication.
 """
 
@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from sp_lab.resources import H200_DIR, h200_file, load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
 
 SIMULATED = "simulated"
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "h200"
-#: Measured on one H200 for this project (copy of ../shared/data/h200_gemm_chunking_tp8.json).
-CHUNKING_TP8_JSON = DATA_DIR / "gemm_chunking_tp8.json"
-#: Written by benchmarks/bench_matmul_h200.py on the H200 (present once the lead has run it).
-SINGLE_GPU_JSON = DATA_DIR / "matmul_single_gpu.json"
+#: Measured on one H200 for this project (docs/measured-h200.md).
+CHUNKING_TP8_JSON = h200_file("gemm_chunking_tp8.json")
+#: Written by benchmarks/bench_matmul_h200.py on the H200 (docs/measured-h200.md).
+SINGLE_GPU_JSON = h200_file("matmul_single_gpu.json")
 
 COLLECTIVE_FACTORS = {
     "all_reduce": lambda tp: 2 * (tp - 1) / tp,
@@ -97,7 +97,7 @@ class AlphaBeta:
 # this project uses). ASSUMPTIONS, not measured here: beta = 360 GB/s (80% of 450) for all_reduce,
 # reduce_scatter and all_gather alike; alpha = 8 us per collective (NCCL small-message latency within
 # one NVLink node is of order 5-15 us); sync_us = 3 us from the world_size-1 measurement
-# (../shared/data/h200_symm_mem_ws1.json, M=8: fused AG+mm 10.4 us vs mm 7.3 us under CUDA graphs).
+# (sp_lab/data/h200/symm_mem_ws1.json, M=8: fused AG+mm 10.4 us vs mm 7.3 us under CUDA graphs).
 H200_NVLINK = AlphaBeta(
     name="h200-nvlink4",
     alpha_us=8.0,
@@ -206,11 +206,11 @@ class MatmulTable:
 
     @classmethod
     def default(cls) -> MatmulTable:
-        """The tables shipped under ``data/h200/``: the single-GPU bench output when present, plus the
+        """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, plus the
         tp=8 chunking table (both measured on one H200)."""
         paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
         if not paths:
-            raise FileNotFoundError(f"no shipped matmul tables under {DATA_DIR}; expected {CHUNKING_TP8_JSON.name}")
+            raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
         return cls.from_files(*paths)
 
 
@@ -416,7 +416,7 @@ def predict_sweep(
 
 def _num_layers(spec: Any) -> int:
     if isinstance(spec, str):
-        spec = json.loads((Path(__file__).resolve().parents[2] / "data" / "models" / f"{spec}.json").read_text())
+        spec = load_preset(spec)
     if isinstance(spec, Mapping):
         return int(spec.get("num_layers") or spec.get("num_hidden_layers") or 1)
     return int(getattr(spec, "num_layers", 1) or 1)

@@ -1,20 +1,21 @@
-"""The ``async_tp_min_tokens`` tuner for JupyterLab: ``sp_lab.tune(...)``.
+"""The policy tuner for JupyterLab: ``sp_lab.tune(...)``: which program below / above ``async_tp_min_tokens``.
 
 Two layers, so that everything but the drawing is testable without a browser:
 
-- :class:`TunerState` holds the rows (live, replayed or simulated), the chosen threshold and the
-  setup, and answers every question the view asks: the gated curve, its regret against the best
-  variant at each token count, the recommended threshold, vLLM's reference threshold, the tuned
-  :class:`~sp_lab.config.LabConfig` and its export. It calls :mod:`sp_lab.tuning.threshold`,
-  :mod:`sp_lab.bench.sweep` and :mod:`sp_lab.config`; it owns no latency logic of its own.
+- :class:`TunerState` holds the rows (live, replayed or simulated), the chosen policy (which variant
+  below and above the threshold, and the threshold or "never") and the setup, and answers every
+  question the view asks: the config's curve and regret (:func:`sp_lab.tuning.regret.regret_table`,
+  the one regret), the recommendation with its confidence (:func:`sp_lab.tuning.policy.recommend`),
+  vLLM's reference threshold, the tuned :class:`~sp_lab.config.LabConfig` and its export
+  (:func:`sp_lab.tuning.export.export_config`). It owns no latency logic of its own.
 - :class:`Tuner` is the ipywidgets view: controls, a plotly ``FigureWidget`` refreshed with
-  :func:`sp_lab.viz.latency.update_latency_figure` as rows arrive, a threshold slider, the regret
-  table and an Export button.
+  :func:`sp_lab.viz.latency.update_latency_figure` as each row arrives, the policy and threshold
+  controls, the regret table and an Export button.
 
 Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
-recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data in ``data/h200``
+recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data
 (``source="simulated"``, labelled so everywhere).
 
     import sp_lab
@@ -26,18 +27,36 @@ recorded GPU sweep exists, the what-if model's prediction from the H200 matmul d
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from sp_lab.tuning.threshold import ABOVE, BELOW, gated_curve, recommend_threshold, regret_table
+from sp_lab.tuning.export import data_hash, export_config, threshold_text
+from sp_lab.tuning.policy import Policy, Recommendation, recommend
+from sp_lab.tuning.regret import regret_table
+from sp_lab.vocabulary import (
+    BASELINE,
+    DEFAULT_OUT,
+    DEFAULT_STORE,
+    MEASURED,
+    NEVER,
+    REFERENCE_VARIANTS,
+    SIMULATED,
+    SP,
+    SP_ASYNC_TP,
+    TUNED,
+)
 
-GATE = (BELOW, ABOVE)
-"""(variant below ``async_tp_min_tokens``, variant at or above it): what ``LabConfig`` gating runs."""
+if TYPE_CHECKING:
+    from sp_lab.bench.sweep import SweepResult
+    from sp_lab.config import LabConfig
+
+SHAPES = {f"{BASELINE} -> {SP_ASYNC_TP}": (BASELINE, SP_ASYNC_TP), f"{BASELINE} -> {SP}": (BASELINE, SP),
+          f"{SP} -> {SP_ASYNC_TP}": (SP, SP_ASYNC_TP)}
+"""The one-threshold policies a LabConfig can express: (variant below the threshold, variant from it on)."""
 
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Token counts a live sweep measures unless told otherwise."""
@@ -51,7 +70,7 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 def simulated_rows(model: str, tp: int, token_counts: Sequence[int], *, num_layers: int | None = None,
-                   variants: Sequence[str] = ("baseline", "sp", "sp+async_tp")) -> pl.DataFrame:
+                   variants: Sequence[str] = REFERENCE_VARIANTS) -> pl.DataFrame:
     """The what-if model's sweep (:func:`sp_lab.tuning.simulate.predict_sweep`) in sweep-row columns.
 
     Rows say ``source="simulated"``; ``p10_us``/``p90_us`` equal the prediction (no spread).
@@ -66,7 +85,7 @@ def simulated_rows(model: str, tp: int, token_counts: Sequence[int], *, num_laye
 
 @dataclasses.dataclass(kw_only=True)
 class TunerState:
-    """Everything the tuner shows, as plain data (no widgets): rows, threshold, setup and derived tables."""
+    """Everything the tuner shows, as plain data (no widgets): rows, policy, setup and derived tables."""
 
     model: str = "toy"
     """Model name for a live sweep (``sp_lab.models.build``); replayed rows carry their own."""
@@ -74,20 +93,22 @@ class TunerState:
     """Tensor-parallel ranks of a live sweep."""
     token_counts: list[int] = dataclasses.field(default_factory=lambda: list(DEFAULT_TOKEN_COUNTS))
     """Token counts a live sweep measures."""
-    variants: list[str] = dataclasses.field(default_factory=lambda: ["baseline", "sp", "sp+async_tp"])
-    """Variants a live sweep measures (the gate needs ``baseline`` and ``sp+async_tp``)."""
+    variants: list[str] = dataclasses.field(default_factory=lambda: list(REFERENCE_VARIANTS))
+    """Variants a live sweep measures (a policy needs ``baseline`` and another reference variant)."""
     num_layers: int | None = None
     """Decoder layers of the live-sweep model (``None``: the model's own)."""
     store_dir: str | None = None
     """Sweep store of a live sweep (rows persist there and a rerun resumes)."""
-    config: Any = None
-    """Base :class:`~sp_lab.config.LabConfig` (default ``LabConfig(tp_size=tp)``); the export gates it."""
+    config: LabConfig | None = None
+    """Base :class:`~sp_lab.config.LabConfig` (default ``LabConfig(tp_size=tp)``); the policy gates it."""
     sweep_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Extra arguments for :func:`~sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``dtype``, ...)."""
-    threshold: int = 128
-    """The current ``async_tp_min_tokens`` (the slider)."""
+    """Extra arguments for :func:`~sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...)."""
+    shape: tuple[str, str] = (BASELINE, SP_ASYNC_TP)
+    """(variant below the threshold, variant from it on): one of :data:`SHAPES`."""
+    threshold: int | None = 128
+    """The threshold (the slider); ``None`` is "never": the ``shape[0]`` variant everywhere."""
     rows: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
-    """All rows shown, one source at a time (measured, replayed or simulated)."""
+    """All rows shown, one source at a time (measured, replayed, rehearsal or simulated)."""
     running: bool = False
     """A live sweep is in progress."""
     done: int = 0
@@ -130,38 +151,38 @@ class TunerState:
         with self._lock:
             self.rows = rows
 
-    def replay(self, source: str | Path | pl.DataFrame | None = None) -> str:
-        """Show recorded rows; returns a line saying what was loaded.
+    def snapshot(self) -> pl.DataFrame:
+        """The rows now (a consistent copy while a sweep adds rows)."""
+        with self._lock:
+            return self.rows
 
-        ``source``: a sweep store directory, a ``.parquet`` file or a DataFrame of sweep rows. ``None``
-        uses the what-if model's prediction for this model and tp from the measured H200 matmul data
-        (``data/h200``): the only GPU data shipped with sp_lab until multi-GPU sweeps are recorded.
+    def replay(self, source: str | Path | pl.DataFrame | None = None) -> str:
+        """Show recorded rows and select their recommended policy; returns a line saying what was loaded.
+
+        ``source``: a sweep store directory, a ``.parquet`` / ``.csv`` file or a DataFrame of sweep rows.
+        ``None`` uses the what-if model's prediction for this model and tp from the measured H200 matmul
+        data: the only GPU data shipped with sp_lab until multi-GPU sweeps are recorded.
         """
         if source is None:
             rows = simulated_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
-                                  variants=[v for v in self.variants if v != "tuned"])
-            what = f"simulated from measured H200 matmuls ({rows.height} rows; no recorded multi-GPU sweep)"
+                                  variants=[v for v in self.variants if v != TUNED])
+            what = f"{SIMULATED} from measured H200 matmuls ({rows.height} rows; no recorded multi-GPU sweep)"
         elif isinstance(source, pl.DataFrame):
             rows, what = source, f"{source.height} rows"
         else:
-            path = Path(source)
-            if path.is_dir():
-                from sp_lab.bench.store import SweepStore
+            from sp_lab.bench.replay import read_recorded
 
-                rows = SweepStore(path).read()
-            elif path.suffix == ".parquet":
-                rows = pl.read_parquet(path)
-            else:
-                raise ValueError(f"cannot replay {str(path)!r}: expected a sweep store directory or a .parquet file")
-            what = f"{rows.height} rows from {path}"
+            rows = read_recorded(source)
+            what = f"{rows.height} rows from {source}"
         if not rows.height:
             raise ValueError(f"nothing to replay: {what}")
         self.set_rows(rows)
-        self.threshold = self.recommendation().threshold if self.can_recommend() else self.threshold
+        self.use_recommended()
         return f"replayed {what}; source={self.source!r}"
 
     # ------------------------------------------------------------------ live sweep
-    def run_sweep(self, on_row: Any = None, *, progress: bool = False) -> Any:
+    def run_sweep(self, on_row: Callable[[Mapping[str, Any]], None] | None = None, *,
+                  progress: bool = False) -> SweepResult:
         """Measure this setup on ``tp`` fresh ranks; ``on_row(row)`` after each row lands (watcher thread).
 
         Rows of an earlier source are cleared first. Returns the :class:`~sp_lab.bench.sweep.SweepResult`.
@@ -169,8 +190,8 @@ class TunerState:
         from sp_lab.bench.sweep import launch_sweep
 
         if self.store_dir is None:
-            raise ValueError("store_dir is None: a live sweep needs a sweep store directory (e.g. 'data/sweeps')")
-        if self.source not in (None, "measured"):
+            raise ValueError(f"store_dir is None: a live sweep needs a sweep store directory (e.g. {DEFAULT_STORE!r})")
+        if self.source not in (None, MEASURED):
             self.set_rows(pl.DataFrame())
 
         def deliver(row: Mapping[str, Any]) -> None:
@@ -188,43 +209,59 @@ class TunerState:
         finally:
             self.running = False
 
-    # ------------------------------------------------------------------ derived tables
-    def _tuning_rows(self) -> pl.DataFrame:
-        with self._lock:
-            return self.rows
+    # ------------------------------------------------------------------ policy and derived tables
+    def _reference_rows(self) -> pl.DataFrame:
+        rows = self.snapshot()
+        return rows.filter(pl.col("variant").is_in(list(REFERENCE_VARIANTS))) if rows.height else rows
 
-    def _gate_rows(self) -> pl.DataFrame:
-        """Rows at token counts where both gated variants exist (a sweep in progress has half-done ones)."""
-        rows = self._tuning_rows()
-        if not rows.height:
-            return rows
-        complete = (rows.filter(pl.col("variant").is_in(list(GATE))).group_by("num_tokens")
-                    .agg(pl.col("variant").n_unique().alias("n")).filter(pl.col("n") == len(GATE)))
-        return rows.filter(pl.col("num_tokens").is_in(complete["num_tokens"].implode()))
+    def policy(self) -> Policy:
+        """The policy the controls select."""
+        return Policy.gate(*self.shape, self.threshold)
 
-    def can_recommend(self) -> bool:
-        """Both gated variants have rows at one token count at least."""
-        return self._gate_rows().height > 0
-
-    def gated(self) -> pl.DataFrame:
-        """``num_tokens, latency_us, variant`` of the gated curve at the current threshold (empty if unknown)."""
-        if not self.can_recommend():
-            return pl.DataFrame(schema={"num_tokens": pl.Int64, "latency_us": pl.Float64, "variant": pl.String})
-        return gated_curve(self._gate_rows(), self.threshold)
+    def tuned_config(self) -> LabConfig:
+        """The base config gated to run :meth:`policy` (at the rows' tp once there are rows)."""
+        rows = self.snapshot()
+        tp = int(rows["tp"][0]) if rows.height and "tp" in rows.columns else self.tp
+        return self.policy().to_config(dataclasses.replace(self.config, tp_size=tp))
 
     def regret(self) -> pl.DataFrame:
-        """Per token count: ``gated_us, best_us, best_variant, regret_us, regret_rel`` at the current threshold."""
-        if not self.can_recommend():
+        """:func:`~sp_lab.tuning.regret.regret_table` of the tuned config (empty until a policy can be scored)."""
+        try:
+            return regret_table(self._reference_rows(), self.tuned_config(), warn=False)
+        except ValueError:  # no rows yet, or the policy runs a variant not measured (yet)
             return pl.DataFrame()
-        return regret_table(self._gate_rows(), self.threshold)
 
-    def recommendation(self) -> Any:
-        """The least-regret threshold (:class:`~sp_lab.tuning.threshold.Recommendation`) over the rows so far."""
-        return recommend_threshold(self._gate_rows())
+    def gated(self) -> pl.DataFrame:
+        """``num_tokens, latency_us, variant_run``: what the tuned config runs at each measured token count."""
+        table = self.regret()
+        if not table.height:
+            return pl.DataFrame(schema={"num_tokens": pl.Int64, "latency_us": pl.Float64, "variant_run": pl.String})
+        return table.select("num_tokens", "latency_us", "variant_run")
+
+    def recommendation(self) -> Recommendation | None:
+        """The recommended policy with its confidence over the rows so far (``None`` until one can be made)."""
+        try:
+            return recommend(self._reference_rows(), self.config)
+        except ValueError:
+            return None
+
+    def use_recommended(self) -> Recommendation | None:
+        """Select the recommended policy (its shape and threshold); returns the recommendation."""
+        rec = self.recommendation()
+        if rec is None:
+            return None
+        steps = rec.policy.steps
+        if len(steps) == 1:  # one program everywhere: "never" for a shape that starts with it
+            variant = steps[0][1]
+            self.shape = next((s for s in SHAPES.values() if s[0] == variant), (BASELINE, variant))
+            self.threshold = None if self.shape[0] == variant else 1
+        else:
+            self.shape, self.threshold = (steps[0][1], steps[1][1]), steps[1][0]
+        return rec
 
     def _setup(self) -> dict[str, Any]:
         """hidden size, dtype and tp of the rows (or of the live-sweep model before any row)."""
-        rows = self._tuning_rows()
+        rows = self.snapshot()
         if rows.height and {"hidden_size", "dtype", "tp"} <= set(rows.columns):
             r = rows.row(0, named=True)
             return {"hidden_size": int(r["hidden_size"]), "dtype": str(r["dtype"]), "tp": int(r["tp"])}
@@ -236,67 +273,35 @@ class TunerState:
 
     def vllm_threshold(self, capability: tuple[int, int] = (9, 0)) -> int | None:
         """vLLM's bytes-per-GPU SP threshold for this setup on Hopper (``None``: vLLM leaves SP off)."""
-        from sp_lab.tuning.threshold import vllm_reference_threshold
+        from sp_lab.config import vllm_sp_min_token_num
 
         s = self._setup()
-        return vllm_reference_threshold(s["hidden_size"], _dtype_bytes(s["dtype"]), s["tp"], capability)
+        return vllm_sp_min_token_num(s["hidden_size"], _dtype_bytes(s["dtype"]), s["tp"], capability)
 
     # ------------------------------------------------------------------ export
-    def tuned_config(self) -> Any:
-        """The base config gated at the current threshold (SP + AsyncTP from it on).
-
-        At the recommended threshold of a "never fuse" recommendation, SP and AsyncTP are switched off
-        rather than gated just past the largest measured token count.
-        """
-        from sp_lab.cli import tuned_config
-
-        rec = self.recommendation() if self.can_recommend() else None
-        never = rec is not None and rec.never_fuse and self.threshold == rec.threshold
-        return tuned_config(self.config, self.threshold, never_fuse=never, tp_size=self._setup()["tp"])
-
     def data_hash(self) -> str:
-        """Hash of the rows the threshold was chosen on (row ids when present, else the rows' content)."""
-        rows = self._tuning_rows()
-        if "row_id" in rows.columns and rows["row_id"].null_count() == 0:
-            text = "\n".join(sorted(rows["row_id"].to_list()))
-        else:
-            text = "\n".join(sorted(map(str, rows.select(sorted(rows.columns)).iter_rows())))
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
+        """:func:`sp_lab.tuning.export.data_hash` of the rows shown."""
+        return data_hash(self.snapshot())
 
     def export(self, directory: str | Path) -> Path:
         """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path."""
-        from sp_lab.config import export_tuned_config
-
-        rows = self._tuning_rows()
+        rows = self.snapshot()
         if not rows.height:
             raise ValueError("no rows yet: run a sweep or replay recorded rows before exporting")
-        r = rows.row(0, named=True)
-        extra = {"source": r.get("source"), "sweep_rows": rows.height, "chosen_in": "sp_lab.tune widget"}
-        if self.can_recommend():
-            rec = self.recommendation()
-            extra["recommended_async_tp_min_tokens"] = rec.threshold
-        return export_tuned_config(
-            self.tuned_config(), directory=directory, device_name=str(r["device_name"]),
-            model_spec={"name": str(r["model"]), "hidden_size": int(r["hidden_size"]),
-                        "num_layers": int(r["num_layers"])},
-            dtype=str(r["dtype"]), data_hash=self.data_hash(), extra_provenance=extra,
-        )
+        rec = self.recommendation()
+        return export_config(rows, self.tuned_config(), directory, chosen_in="sp_lab.tune widget",
+                             recommendation=rec)
 
 
 # ============================================================================================ the view
-def _gated_trace_data(state: TunerState) -> tuple[list, list]:
-    g = state.gated()
-    return g["num_tokens"].to_list(), g["latency_us"].to_list()
-
-
 class Tuner:
-    """The widget: setup controls, live latency plot with progress, threshold slider, regret, Export.
+    """The widget: setup controls, live latency plot with progress, policy and threshold, regret, Export.
 
     ``state`` (:class:`TunerState`) holds the data; ``figure`` is the plotly ``FigureWidget``.
     Display it as the last expression of a cell (or ``display(tuner)``).
     """
 
-    def __init__(self, state: TunerState, *, export_dir: str | Path = "configs") -> None:
+    def __init__(self, state: TunerState, *, export_dir: str | Path = DEFAULT_OUT) -> None:
         import ipywidgets as w
 
         from sp_lab.models.registry import available
@@ -304,37 +309,34 @@ class Tuner:
 
         self.state = state
         self._thread: threading.Thread | None = None
-        models = available()
-        self.model = w.Dropdown(options=sorted({*models, state.model}), value=state.model, description="model")
+        self.model = w.Dropdown(options=sorted({*available(), state.model}), value=state.model, description="model")
         self.tp = w.BoundedIntText(value=state.tp, min=1, max=64, description="tp")
         self.tokens = w.Text(value=",".join(map(str, state.token_counts)), description="tokens")
-        self.variants = w.SelectMultiple(options=["baseline", "sp", "sp+async_tp", "tuned"],
-                                         value=tuple(state.variants), description="variants", rows=4)
+        self.variants = w.SelectMultiple(options=list(REFERENCE_VARIANTS) + [TUNED], value=tuple(state.variants),
+                                         description="variants", rows=4)
         self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play")
         self.replay_button = w.Button(description="Replay recorded", icon="history")
         self.progress = w.IntProgress(value=0, min=0, max=max(state.total, 1), description="0 / 0")
-        hi = max(state.token_counts) + 1
-        self.slider = w.IntSlider(value=min(state.threshold, hi), min=1, max=hi, description="async_tp_min_tokens",
-                                  continuous_update=False, style={"description_width": "initial"},
-                                  layout=w.Layout(width="520px"))
+        self.shape = w.Dropdown(options=list(SHAPES), value=self._shape_label(), description="policy")
+        self.slider = w.SelectionSlider(options=self._slider_options(), value=self._slider_value(),
+                                        description="async_tp_min_tokens", continuous_update=False,
+                                        style={"description_width": "initial"}, layout=w.Layout(width="520px"))
         self.recommend_button = w.Button(description="Use recommended", icon="star")
         self.export_dir = w.Text(value=str(export_dir), description="export to")
         self.export_button = w.Button(description="Export config", icon="download")
         self.status = w.HTML()
         self.regret_html = w.HTML()
-        self.figure = plot_latency(state.rows, async_tp_min_tokens=state.threshold, gate=GATE,
-                                   vllm_min_tokens=self._vllm(), widget=True, title=self._title())
-        # The gated curve itself (the regret subplot shows only its regret), on the latency axes.
-        self.figure.add_scatter(x=[], y=[], name="gated", meta="gated", mode="lines", xaxis="x", yaxis="y",
-                                line={"color": "black", "width": 3})
+        self.figure = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
+                                   widget=True, title=self._title())
         self.run_button.on_click(lambda _b: self.start_sweep())
         self.replay_button.on_click(lambda _b: self.replay())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
         self.export_button.on_click(lambda _b: self.export())
         self.slider.observe(lambda change: self.set_threshold(change["new"]), names="value")
+        self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
                         w.VBox([self.run_button, self.replay_button, self.progress])])
-        tuning = w.HBox([self.slider, self.recommend_button])
+        tuning = w.HBox([self.shape, self.slider, self.recommend_button])
         export = w.HBox([self.export_dir, self.export_button])
         self.widget = w.VBox([setup, self.figure, tuning, self.regret_html, export, self.status])
         self.redraw()
@@ -343,6 +345,31 @@ class Tuner:
         from IPython.display import display
 
         display(self.widget)
+
+    # ------------------------------------------------------------------ controls <-> state
+    def _shape_label(self) -> str:
+        return next(k for k, v in SHAPES.items() if v == tuple(self.state.shape))
+
+    def _slider_options(self) -> list[str]:
+        rows = self.state.snapshot()
+        measured = set(rows["num_tokens"].to_list()) if rows.height else set()
+        return [str(t) for t in sorted(measured | set(self.state.token_counts))] + [NEVER]
+
+    def _slider_value(self) -> str:
+        options = self._slider_options()
+        value = NEVER if self.state.threshold is None else str(self.state.threshold)
+        if value in options:
+            return value
+        # a threshold between measured counts acts like the next measured count above it
+        above = [o for o in options[:-1] if int(o) >= int(value)]
+        return above[0] if above else NEVER
+
+    def _sync_controls(self) -> None:
+        options = self._slider_options()
+        if list(self.slider.options) != options:
+            self.slider.options = options
+        self.slider.value = self._slider_value()
+        self.shape.value = self._shape_label()
 
     # ------------------------------------------------------------------ actions
     def _read_setup(self) -> None:
@@ -354,11 +381,11 @@ class Tuner:
         if self.state.config.tp_size != self.state.tp:
             self.state.config = dataclasses.replace(self.state.config, tp_size=self.state.tp)
 
-    def run_sweep(self) -> Any:
+    def run_sweep(self) -> SweepResult:
         """Run the live sweep in this thread (blocking); the plot and progress update per row."""
         self._read_setup()
         self.progress.max, self.progress.value = max(self.state.total, 1), 0
-        self.slider.max = max(self.state.token_counts) + 1
+        self._sync_controls()
         self._say(f"sweeping {self.state.model} on {self.state.tp} ranks ...")
         result = self.state.run_sweep(on_row=lambda _row: self.redraw())
         self.redraw()
@@ -381,35 +408,41 @@ class Tuner:
         self._thread.start()
 
     def replay(self, source: str | Path | pl.DataFrame | None = None) -> None:
-        """Show recorded rows (see :meth:`TunerState.replay`) and jump to their recommended threshold."""
+        """Show recorded rows (see :meth:`TunerState.replay`) and select their recommended policy."""
         self._read_setup()
         message = self.state.replay(source)
-        tokens = sorted(set(self.state.rows["num_tokens"].to_list()))
-        self.slider.max = tokens[-1] + 1
-        self.slider.value = min(self.state.threshold, self.slider.max)
+        self._sync_controls()
         self.redraw()
         self._say(message)
 
-    def set_threshold(self, value: int) -> None:
-        """Move the gate (the slider calls this): redraw the gated curve and its regret."""
-        self.state.threshold = int(value)
-        if self.slider.value != value:
-            self.slider.value = int(value)
+    def set_threshold(self, value: int | str | None) -> None:
+        """Move the threshold (the slider calls this; ``"never"`` or ``None``): redraw curve and regret."""
+        self.state.threshold = None if value in (None, NEVER) else int(value)
+        if self.slider.value != self._slider_value():
+            self.slider.value = self._slider_value()
+        self.redraw()
+
+    def set_shape(self, shape: tuple[str, str]) -> None:
+        """Choose which variants run below / from the threshold: redraw curve and regret."""
+        self.state.shape = tuple(shape)
         self.redraw()
 
     def use_recommended(self) -> None:
-        """Move the slider to the recommended threshold."""
-        if self.state.can_recommend():
-            self.set_threshold(min(self.state.recommendation().threshold, self.slider.max))
+        """Select the recommended policy (shape and threshold)."""
+        if self.state.use_recommended() is not None:
+            self._sync_controls()
+            self.redraw()
 
     def export(self) -> Path | None:
-        """Write the tuned config to the export directory; the path is shown in the status line."""
+        """Write the tuned config to the export directory; the status line says what the file says."""
         try:
             path = self.state.export(self.export_dir.value)
         except ValueError as e:
             self._say(f"export failed: {e}", error=True)
             return None
-        self._say(f"exported async_tp_min_tokens={self.state.threshold} to <code>{path}</code>")
+        config = self.state.tuned_config()
+        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}) "
+                  f"to <code>{path}</code>")
         return path
 
     # ------------------------------------------------------------------ drawing
@@ -421,7 +454,7 @@ class Tuner:
 
     def _title(self) -> str:
         src = self.state.source or "no rows yet"
-        return f"{self.state.model} tp={self.state.tp}: latency vs tokens ({src})"
+        return f"{self.state.model} tp={self.state.tp}: forward latency vs tokens (source: {src})"
 
     def _say(self, text: str, *, error: bool = False) -> None:
         self.status.value = f"<span style='color:{'#b00' if error else '#333'}'>{text}</span>"
@@ -431,55 +464,52 @@ class Tuner:
         from sp_lab.viz.latency import update_latency_figure
 
         state = self.state
-        rows = state._tuning_rows()
-        rec = state.recommendation() if state.can_recommend() else None
-        # Markers: the slider's threshold, the recommended one and vLLM's rule.
-        update_latency_figure(self.figure, rows, async_tp_min_tokens=state.threshold, gate=GATE,
+        rec = state.recommendation()
+        update_latency_figure(self.figure, state.snapshot(), config=state.tuned_config(),
                               vllm_min_tokens=self._vllm(), title=self._title())
-        if rec is not None and rec.threshold != state.threshold:
-            self.figure.add_shape(type="line", x0=rec.threshold, x1=rec.threshold, y0=0, y1=1, xref="x",
-                                  yref="y domain", name="recommended",
-                                  line={"color": "#2ca02c", "dash": "dashdot", "width": 1.5})
-        x, y = _gated_trace_data(state)
-        gated = next(t for t in self.figure.data if t.meta == "gated")
-        gated.update(x=x, y=y, name=f"gated (async_tp_min_tokens={state.threshold})")
+        if rec is not None and rec.policy != state.policy():
+            for t in rec.policy.thresholds:
+                self.figure.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
+                                      name="recommended", line={"color": "#2ca02c", "dash": "dashdot", "width": 1.5})
         self.progress.value = min(state.done, self.progress.max)
         self.progress.description = f"{state.done} / {state.total}" if state.running or state.done else ""
         self.regret_html.value = self._regret_html(rec)
 
-    def _regret_html(self, rec: Any) -> str:
+    def _regret_html(self, rec: Recommendation | None) -> str:
         if rec is None:
-            return "<i>the gate needs both baseline and sp+async_tp rows at some token count</i>"
+            return "<i>a policy needs baseline and sp or sp+async_tp rows at the same token count</i>"
         table = self.state.regret()
         cells = "".join(
-            f"<tr><td>{r['num_tokens']}</td><td>{r['gated_us']:.1f}</td><td>{r['best_variant']}</td>"
-            f"<td>{r['best_us']:.1f}</td><td>{100 * r['regret_rel']:.1f}%</td></tr>"
+            f"<tr><td>{r['num_tokens']}</td><td>{r['variant_run']}</td><td>{r['latency_us']:.1f}</td>"
+            f"<td>{r['best_variant']}</td><td>{r['best_us']:.1f}</td><td>{100 * r['regret_rel']:.1f}%</td></tr>"
             for r in table.iter_rows(named=True))
-        total = float(table["regret_rel"].sum())
+        total = float(table["regret_rel"].sum()) if table.height else float("nan")
+        worst = float(table["regret_rel"].max()) if table.height else float("nan")
         vllm = self._vllm()
-        return (f"<b>recommended:</b> {rec.summary()}<br><b>at {self.state.threshold}:</b> total relative regret "
-                f"{total:.4f}; vLLM's rule (Hopper): {vllm if vllm is not None else 'SP off (hidden < 8192)'}"
-                "<table><tr><th>tokens</th><th>gated us</th><th>best</th><th>best us</th><th>regret</th></tr>"
+        return (f"<b>recommended:</b> {rec.summary()}<br><i>{rec.noise_line()}</i><br>"
+                f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, total {total:.3f}; "
+                f"vLLM's rule (Hopper): {vllm if vllm is not None else 'SP off (hidden < 8192)'}"
+                "<table><tr><th>tokens</th><th>runs</th><th>us</th><th>best</th><th>best us</th><th>regret</th></tr>"
                 f"{cells}</table>")
 
 
 def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS,
-         variants: Sequence[str] = ("baseline", "sp", "sp+async_tp"), num_layers: int | None = None,
-         store_dir: str | Path | None = "data/sweeps", config: Any = None, threshold: int | None = None,
-         export_dir: str | Path = "configs", replay: str | Path | pl.DataFrame | bool | None = None,
-         **sweep_kwargs: Any) -> Tuner:
-    """The tuner widget for ``async_tp_min_tokens`` (see the module docstring).
+         variants: Sequence[str] = REFERENCE_VARIANTS, num_layers: int | None = None,
+         store_dir: str | Path | None = DEFAULT_STORE, config: LabConfig | None = None,
+         threshold: int | None = None, export_dir: str | Path = DEFAULT_OUT,
+         replay: str | Path | pl.DataFrame | bool | None = None, **sweep_kwargs: Any) -> Tuner:
+    """The policy tuner widget (see the module docstring).
 
     Args:
         model, tp, token_counts, variants, num_layers: the live sweep's setup (editable in the widget).
-        store_dir: sweep store of live rows (a rerun resumes from it).
-        config: base ``LabConfig`` the export gates (default ``LabConfig(tp_size=tp)``).
-        threshold: initial slider value (default: the config's ``async_tp_min_tokens``).
+        store_dir: sweep store of live rows (a rerun resumes from it); the CLI's default store.
+        config: base ``LabConfig`` the policy gates (default ``LabConfig(tp_size=tp)``).
+        threshold: initial threshold (default: the config's ``async_tp_min_tokens``).
         export_dir: where Export writes the tuned config.
         replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for the
             simulated prediction from the recorded H200 data. ``None`` starts empty (run a sweep or
             press "Replay recorded").
-        **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``dtype``, ...).
+        **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
     state = TunerState(model=model, tp=tp, token_counts=sorted(set(token_counts)), variants=list(variants),
                        num_layers=num_layers, store_dir=None if store_dir is None else str(store_dir),
@@ -491,4 +521,4 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
     return tuner
 
 
-__all__ = ["GATE", "Tuner", "TunerState", "simulated_rows", "tune"]
+__all__ = ["SHAPES", "Tuner", "TunerState", "simulated_rows", "tune"]

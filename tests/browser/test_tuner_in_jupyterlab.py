@@ -5,12 +5,15 @@ JupyterLab is started on 127.0.0.1 with a random port and token, on a copy of
 outputs into the committed notebook). The test runs every cell from the Run menu with the smoke
 setting, then asserts on what the browser shows:
 
-1. the tuner's latency plot holds measured points (plotly trace data read from the DOM);
-2. moving the ``async_tp_min_tokens`` slider changes the gated curve.
+1. measured points appear in the tuner's latency plot while the sweep is still running, and all of them
+   are there once it ends (plotly trace data read from the DOM);
+2. after moving the ``async_tp_min_tokens`` slider (to its first value, then to "never"), the config's
+   curve is, at every token count, the latency of the variant the selected policy runs there.
 
 A screenshot of the tuner goes to ``artifacts/tuner.png`` (and to ``docs/img/tuner.png`` when
-``SP_LAB_UPDATE_SCREENSHOT=1``). Skipped, with the reason, without chromium or the playwright package;
-browsers are never downloaded (``playwright install`` is not used).
+``SP_LAB_UPDATE_SCREENSHOT=1``). Without chromium or the playwright package the test is skipped with the
+reason on a workstation and **fails** under CI (``CI`` set): a CI image that lost them must not pass
+silently. Browsers are never downloaded (``playwright install`` is not used).
 """
 
 from __future__ import annotations
@@ -35,11 +38,22 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_TIMEOUT_S = 420
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (its browsers are not needed)")
-pytestmark = [
-    pytest.mark.notebooks,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"),
-]
+IN_CI = bool(os.environ.get("CI"))
+
+
+def _missing(reason: str) -> None:
+    """Skip on a workstation; fail in CI, where the image is supposed to have everything."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI is set: the browser test must run here)", pytrace=False)
+    pytest.skip(reason)
+
+
+try:
+    from playwright import sync_api
+except ImportError:
+    sync_api = None
+
+pytestmark = [pytest.mark.notebooks]
 
 # Plotly keeps each figure's traces on its graph div (gd.data); FigureWidget renders into one too.
 PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el =>
@@ -71,6 +85,10 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90.
 @pytest.fixture
 def lab(tmp_path):
     """(base URL, token, notebook name) of a JupyterLab serving a copy of notebook 3."""
+    if sync_api is None:
+        _missing("pip install playwright (its browsers are not needed)")
+    if CHROMIUM is None:
+        _missing("no chromium on PATH (apt-get install -y chromium)")
     workdir = ROOT / ".cache" / f"browser-{secrets.token_hex(4)}"  # under the repo: the notebook finds ROOT
     workdir.mkdir(parents=True)
     shutil.copy(NOTEBOOK, workdir / NOTEBOOK.name)
@@ -100,8 +118,32 @@ def lab(tmp_path):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _gated(plot: list[dict]) -> list[float]:
-    return next(t["y"] for t in plot if t["meta"] == "gated")
+# The first tuner's policy dropdown and threshold slider, found by their labels.
+SELECTED_JS = """() => {
+    const labelled = (cls, text) => Array.from(document.querySelectorAll(cls))
+        .find(el => el.querySelector('label')?.textContent.trim() === text);
+    const select = labelled('.widget-dropdown', 'policy')?.querySelector('select');
+    return {threshold: labelled('.widget-slider', 'async_tp_min_tokens')?.querySelector('.widget-readout')
+                           ?.textContent.trim(),
+            policy: select ? select.options[select.selectedIndex].textContent.trim() : undefined};
+}"""
+
+
+def _gated(plot: list[dict]) -> dict[int, float]:
+    trace = next(t for t in plot if t["meta"] == "gated")
+    return dict(zip(trace["x"], trace["y"], strict=True))
+
+
+def _expected(plot: list[dict], selected: dict) -> dict[int, float]:
+    """At each token count, the latency of the variant the selected policy runs there (from the plot's traces)."""
+    below, above = (v.strip() for v in selected["policy"].split("->"))
+    latency = {t["meta"].removeprefix("latency:"): dict(zip(t["x"], t["y"], strict=True))
+               for t in plot if t["meta"].startswith("latency:")}
+    threshold = selected["threshold"]
+    runs = {x: below if threshold == "never" or x < int(threshold) else above for x in _gated(plot)}
+    return {x: latency[v][x] for x, v in runs.items()}
+
+
 
 
 def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
@@ -125,34 +167,44 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                 except sync_api.TimeoutError:
                     page.keyboard.press("Escape")
 
-            # Every cell done (no "[*]" prompt) and the live tuner's plot holding its measured points.
+            # Points appear while the sweep runs (some, not yet all), then every cell ends (no "[*]").
             deadline = time.monotonic() + RUN_TIMEOUT_S
             plots: list = []
+            during: list[int] = []
             while time.monotonic() < deadline:
                 plots = page.evaluate(PLOTS_JS)
                 measured = sum(len(t["x"]) for t in plots[0] if t["meta"].startswith("latency:")) if plots else 0
-                if measured and len(plots) >= 2 and not page.evaluate(BUSY_JS):
+                busy = page.evaluate(BUSY_JS)
+                if busy and measured:
+                    during.append(measured)
+                if measured and len(plots) >= 2 and not busy:
                     break
-                time.sleep(2)
+                time.sleep(0.5)
             assert plots, "no plotly plot rendered"
             latency = [t for t in plots[0] if t["meta"].startswith("latency:")]
-            assert sum(len(t["x"]) for t in latency) >= 6, f"latency plot has too few points: {latency}"
+            final = sum(len(t["x"]) for t in latency)
+            assert final >= 6, f"latency plot has too few points: {latency}"
             assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
-            before = _gated(plots[0])
-            assert before, "gated curve is empty"
+            assert during and min(during) < final, (
+                f"no partial plot seen while the sweep ran (point counts seen while busy: {during}, final {final})")
 
-            # Move the first tuner's slider to its minimum: SP + AsyncTP from 1 token on.
+            # Slider to its first value (the policy's upper variant from the smallest token count on),
+            # then to "never"; each time the curve must be what the selected policy runs at each count.
             handle = page.locator(".widget-slider .noUi-handle").first
             handle.scroll_into_view_if_needed()
-            handle.focus()
-            page.keyboard.press("Home")
-            changed = None
-            for _ in range(30):
-                time.sleep(0.5)
-                changed = _gated(page.evaluate(PLOTS_JS)[0])
-                if changed != before:
-                    break
-            assert changed != before, f"moving the slider left the gated curve at {before}"
+            for key, wanted in (("Home", None), ("End", "never")):
+                handle.focus()
+                page.keyboard.press(key)
+                ok, plot, selected = False, [], {}
+                for _ in range(40):
+                    time.sleep(0.5)
+                    plot, selected = page.evaluate(PLOTS_JS)[0], page.evaluate(SELECTED_JS)
+                    if (wanted is None or selected["threshold"] == wanted) and "->" in str(selected["policy"]):
+                        got, want = _gated(plot), _expected(plot, selected)
+                        ok = got.keys() == want.keys() and all(abs(got[x] - want[x]) < 1e-6 for x in got)
+                        if ok:
+                            break
+                assert ok, f"after {key}: the curve {_gated(plot)} is not what {selected} runs: {_expected(plot, selected)}"
 
             no_news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
             if no_news.count():

@@ -5,7 +5,7 @@ the TP shard shapes of the shipped model presets, so that "the rule trained on t
 the fixture's decisions" is a meaningful test with a known answer:
 
 - matmul times: a roofline (``fit_roofline``) fitted to the MEASURED single-H200 table
-  ``data/h200/gemm_chunking_tp8.json`` (Llama-3-70B TP=8 shapes), so times have the right scale;
+  ``sp_lab/data/h200/gemm_chunking_tp8.json`` (Llama-3-70B TP=8 shapes), so times have the right scale;
 - fused kernel: ``tp`` chunk matmuls overlapped with its collective, ``max(chunked, comm) + sync``;
 - communication: the alpha-beta model ``H200_NVLINK`` (its constants are assumptions, see simulate.py).
 

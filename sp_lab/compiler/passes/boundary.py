@@ -2,7 +2,7 @@
 
 Inside one piece SP turns ``all_reduce -> add -> norm`` into ``reduce_scatter -> add -> norm -> all_gather``,
 so the residual that flows on to the next piece is a token shard ``[ceil(N/tp), H]`` instead of ``[N, H]``.
-It leaves a piece in one of two ways (BACKGROUND.md section 2):
+It leaves a piece in one of two ways (docs/piecewise-boundaries.md):
 
 - as a piece *output*: the next piece was compiled for ``[N, H]`` and Inductor's input guard
   ``assert_size_stride`` fails;

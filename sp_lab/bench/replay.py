@@ -1,0 +1,52 @@
+"""Recorded rows from elsewhere (another machine's store, a parquet or CSV file): one loader for all callers.
+
+:func:`read_recorded` reads them as they are (the tuner shows them so); :func:`import_recorded` adds them
+to a store as ``source="replayed"`` (simulated rows keep ``"simulated"``: the what-if model's numbers
+are never relabelled as timings), keeping their ``row_id`` so that importing a file twice adds nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from sp_lab.bench.store import NULLABLE_COLUMNS, ROW_SCHEMA, SweepStore
+from sp_lab.vocabulary import REPLAYED, SIMULATED
+
+
+class ReplayError(ValueError):
+    """Recorded rows that cannot be read or lack provenance; the message names the file and the fix."""
+
+
+def read_recorded(path: str | Path) -> pl.DataFrame:
+    """Rows of a store directory, a ``.parquet`` or a ``.csv`` file (CSV columns typed as :data:`ROW_SCHEMA`)."""
+    src = Path(path)
+    if src.is_dir():
+        df = SweepStore(src).read()
+    elif src.suffix == ".parquet":
+        df = pl.read_parquet(src)
+    elif src.suffix == ".csv":
+        df = pl.read_csv(src, schema_overrides=dict(ROW_SCHEMA))
+    else:
+        raise ReplayError(f"cannot replay {src}: expected a store directory, a .parquet or a .csv file")
+    if df.height == 0:
+        raise ReplayError(f"{src} holds no rows")
+    return df
+
+
+def import_recorded(path: str | Path, store: str | Path) -> int:
+    """Append the rows of ``path`` to the store at ``store`` as replayed rows; returns how many were new."""
+    src = Path(path)
+    df = read_recorded(src)
+    missing = sorted(set(ROW_SCHEMA) - set(df.columns) - NULLABLE_COLUMNS - {"schema_version", "row_id"})
+    if missing:
+        raise ReplayError(f"{src} lacks columns {missing}; recorded rows must carry full provenance")
+    is_sim = pl.col("source") == SIMULATED
+    df = df.with_columns(source=pl.when(is_sim).then(pl.lit(SIMULATED)).otherwise(pl.lit(REPLAYED)))
+    dest = SweepStore(store)
+    if "row_id" in df.columns:  # keep the recorded ids: replaying the same file twice adds nothing
+        df = df.filter(~pl.col("row_id").is_in(dest.read()["row_id"].implode()))
+    rows = df.select([c for c in ROW_SCHEMA if c in df.columns]).to_dicts()
+    dest.append(rows)
+    return len(rows)

@@ -1,0 +1,452 @@
+"""The overview's data: one compile range as a lane of pieces and the boundaries between them.
+
+Plain records the tests assert on (``overview_data``); ``overview_figure`` draws them. Identical decoder
+layers are collapsed into one :class:`PieceGroup` so an 80-layer model reads as five boxes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from sp_lab.viz.report_input import as_report, resolve_range
+
+__all__ = [
+    "COLLECTIVE_KEYS", "FUSED_KEYS", "MATCH_KEYS", "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark",
+    "OverviewData", "PieceBox", "PieceGroup", "RangeSummary", "TensorCrossing", "format_shape", "ops_summary",
+    "overview_data",
+]
+
+COLLECTIVE_KEYS = ("all_reduce", "reduce_scatter", "all_gather", "fused_all_gather_matmul",
+                   "fused_matmul_reduce_scatter")
+FUSED_KEYS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
+MATCH_KEYS = ("sp_first", "sp_middle", "sp_last", "async_tp_ag_mm", "async_tp_mm_rs",
+              "boundary_gather", "boundary_erase")
+# The field's shorthand, as in vLLM's and PyTorch's AsyncTP write-ups: "AG+mm" is all_gather fused into a matmul.
+OP_ABBREVIATIONS = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG",
+                    "fused_all_gather_matmul": "AG+mm", "fused_matmul_reduce_scatter": "mm+RS", "mm": "mm"}
+
+
+def format_shape(shape: Sequence[int | str] | None) -> str:
+    """``["s0", 4096]`` -> ``"[s0, 4096]"`` (symbolic dims kept as written by the compiler)."""
+    if shape is None:
+        return "[?]"
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def ops_summary(counts: dict[str, int], keys: Sequence[str] = COLLECTIVE_KEYS) -> str:
+    """``{"reduce_scatter": 1, "fused_all_gather_matmul": 1}`` -> ``"1 RS · 1 AG+mm"`` ("" when none)."""
+    return " · ".join(f"{counts[k]} {OP_ABBREVIATIONS[k]}" for k in keys if counts.get(k))
+
+
+@dataclass(frozen=True)
+class RangeSummary:
+    """One compile range of the report (one compiled artifact)."""
+
+    index: int
+    """Position in the report's ranges."""
+    lo: int
+    """Smallest token count served by this artifact (inclusive)."""
+    hi: int
+    """Largest token count served (inclusive)."""
+    enable_sp: bool
+    """Whether the SP pass ran on this range."""
+    enable_async_tp: bool
+    """Whether the AsyncTP pass ran on this range."""
+    boundary: str
+    """Boundary strategy: "none", "gather_erase", "gather" or "sharded"."""
+    compile_mode: str
+    """"piecewise" or "full_graph"."""
+    compiled: bool
+    """False when compilation failed (e.g. the ``copy_`` epilogue of strategy "none") or has not run yet."""
+    compile_time_s: float | None
+    """Wall time to compile the whole range."""
+    numerically_unsafe: bool
+    """True when a pass dropped a write the program needs (erased ``copy_`` of an in-place residual)."""
+
+    @property
+    def title(self) -> str:
+        on = {True: "on", False: "off"}
+        t = f" · compile {self.compile_time_s:.1f} s" if self.compile_time_s else ""
+        return (f"tokens {self.lo}-{self.hi} · boundary={self.boundary} · SP {on[self.enable_sp]} · "
+                f"AsyncTP {on[self.enable_async_tp]}{t}")
+
+
+@dataclass(frozen=True)
+class TensorCrossing:
+    """A tensor that leaves one piece and enters the next."""
+
+    name: str
+    """The model's name for the tensor where the report has it (e.g. "residual"), else the FX name."""
+    module: str | None
+    """Module that produced it (``model.layers.3.mlp``), when the report says."""
+    dtype: str
+    """Element type, e.g. "bfloat16"."""
+    shape_before: tuple
+    """Shape before the passes ran; ints or symbolic strings ("s0")."""
+    shape_after: tuple
+    """Shape the next piece really receives."""
+    sharded_before: bool
+    """Whether the token dim was sharded over TP ranks before the passes."""
+    sharded_after: bool
+    """Whether the token dim is sharded over TP ranks after the passes (the SP win, or its bug)."""
+    bytes_per_token_after: float
+    """Bytes this rank hands over per token after the passes (0 when the report has no figure)."""
+
+    @property
+    def text(self) -> str:
+        """One label line: name, shape received, sharded or not, bytes per token."""
+        return (f"{self.name} {format_shape(self.shape_after)}{' sharded' if self.sharded_after else ''}"
+                f" · {self.bytes_per_token_after:g} B/tok")
+
+
+@dataclass(frozen=True)
+class FailureMark:
+    """A check that failed where a piece received a tensor of the wrong shape."""
+
+    piece: int
+    """Index of the piece whose check failed (the receiving piece)."""
+    tensor: str
+    """Name of the offending input inside that piece."""
+    check: str
+    """"assert_size_stride" (Inductor input guard) or "copy_epilogue" (functionalization's copy_)."""
+    expected_shape: tuple
+    """Shape the piece was compiled for."""
+    actual_shape: tuple
+    """Shape it received."""
+    message: str
+    """The error text as raised."""
+    boundary: int | None
+    """Index of the boundary the tensor crossed, or None when the report has no boundary feeding the piece
+    (a compile that failed leaves no pieces and no boundaries)."""
+
+    @property
+    def text(self) -> str:
+        """Three label lines: the check, then both shapes."""
+        return (f"✗ {self.check} failed (piece {self.piece})<br>expected {format_shape(self.expected_shape)}"
+                f"<br>got {format_shape(self.actual_shape)}")
+
+
+@dataclass(frozen=True)
+class ErasedCopy:
+    """A ``copy_`` epilogue the ``gather_erase`` strategy deleted because its shapes differed."""
+
+    piece: int
+    """Piece whose epilogue was erased."""
+    target: str
+    """The graph input the copy would have written (the in-place residual)."""
+    dst_shape: tuple
+    """Shape of the destination (full)."""
+    src_shape: tuple
+    """Shape of the dropped source (sharded): this write is lost, so the next piece reads stale data."""
+
+
+@dataclass(frozen=True)
+class PieceBox:
+    """One piece of the split graph: a compiled submodule or an eager splitting op."""
+
+    index: int
+    """Position in the range's piece list (submod_<index>)."""
+    name: str
+    """Submodule name."""
+    kind: str
+    """"compiled" or "splitting_op"."""
+    op: str | None
+    """Qualified name of the splitting op (e.g. "sp_lab::attention"), None for compiled pieces."""
+    fingerprint: str | None
+    """Hash of the structure after the passes; identical layers share it."""
+    compile_time_s: float | None
+    """Compile time of this piece."""
+    cache_hit: bool | None
+    """Served by an identical piece compiled earlier in this range (None: not compiled)."""
+    inductor_cache_hit: bool | None
+    """Inductor's FX-graph cache served the compile (None: unknown or not compiled)."""
+    ops_after: dict
+    """Collective, fused-op and matmul counts after the passes (keys of OP_ABBREVIATIONS)."""
+    matches: dict
+    """Pattern matches by pass (sp_first, ..., boundary_erase)."""
+    n_changed: int
+    """Number of nodes the passes added."""
+
+    @property
+    def short_label(self) -> str:
+        if self.kind == "splitting_op":
+            return (self.op or "split").split("::")[-1]
+        return f"piece {self.index}"
+
+    @property
+    def ops_text(self) -> str:
+        """What the piece runs, e.g. ``"1 RS · 1 AG+mm · 1 mm+RS"``; "no collectives" for a compiled piece
+        without any, "" for a splitting op."""
+        if self.kind != "compiled":
+            return ""
+        return ops_summary(self.ops_after) or "no collectives"
+
+    @property
+    def compile_text(self) -> str:
+        """``"0.42 s"``, ``"0.42 s · cached"`` or "" when the piece was not compiled."""
+        if self.compile_time_s is None or self.kind != "compiled":
+            return ""
+        cached = self.cache_hit or self.inductor_cache_hit
+        return f"{self.compile_time_s:.2f} s" + (" · cached" if cached else "")
+
+
+@dataclass(frozen=True)
+class BoundaryLabel:
+    """The cut between two pieces and everything that crosses it."""
+
+    index: int
+    """Position in the range's boundary list."""
+    after_piece: int
+    """Index of the producing piece."""
+    before_piece: int
+    """Index of the consuming piece."""
+    tensors: tuple[TensorCrossing, ...]
+    """Tensors crossing, in report order."""
+    failures: tuple[FailureMark, ...] = ()
+    """Checks that failed on the consuming side because of this boundary."""
+
+    @property
+    def signature(self) -> tuple:
+        """What makes two boundaries "the same" for collapsing: tensor dtypes, shapes and sharding in order,
+        and failed checks; not indices, nor FX names (numbered per layer: getitem_5, getitem_9)."""
+        return (tuple((t.dtype, t.shape_before, t.shape_after, t.sharded_before, t.sharded_after)
+                      for t in self.tensors),
+                tuple((f.check, f.expected_shape, f.actual_shape) for f in self.failures))
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes per token handed over at this boundary, all tensors."""
+        return sum(t.bytes_per_token_after for t in self.tensors)
+
+    @property
+    def sharded_bytes_per_token(self) -> float:
+        """The part of :attr:`bytes_per_token` carried by token-sharded tensors."""
+        return sum(t.bytes_per_token_after for t in self.tensors if t.sharded_after)
+
+    @property
+    def text(self) -> str:
+        """Summary line: ``"1,152 B/tok (256 sharded, 896 full)"``."""
+        total, sharded = self.bytes_per_token, self.sharded_bytes_per_token
+        return f"{total:,.0f} B/tok ({sharded:,.0f} sharded, {total - sharded:,.0f} full)"
+
+
+@dataclass(frozen=True)
+class PieceGroup:
+    """A run of identical layers collapsed into one box: ``repeats`` copies of a ``period``-piece block.
+
+    The run ends on a compiled piece, so the last copy may lack its trailing splitting op.
+    """
+
+    id: str
+    """Stable id ("g0", "g1", ...) to pass to ``plot_overview(expand=[...])``."""
+    pieces: tuple[int, ...]
+    """Indices of all pieces in the run, in order."""
+    period: int
+    """Pieces per repeated block (2 for compiled piece + attention)."""
+    repeats: int
+    """Number of repeated blocks."""
+
+    @property
+    def first(self) -> int:
+        return self.pieces[0]
+
+    @property
+    def last(self) -> int:
+        return self.pieces[-1]
+
+    @property
+    def label(self) -> str:
+        return f"pieces {self.first}-{self.last} x{self.repeats}"
+
+    @property
+    def block(self) -> tuple[int, ...]:
+        """The first repeat: the pieces that stand for all the others."""
+        return self.pieces[: self.period]
+
+
+@dataclass(frozen=True)
+class OverviewData:
+    """Everything the overview draws, for one compile range."""
+
+    model: str
+    """Model name from the report."""
+    tp_size: int | None
+    """Tensor-parallel degree the report was compiled for."""
+    synthetic: bool
+    """True for hand-made reports, never for the compiler's own."""
+    range: RangeSummary
+    """The compile range shown."""
+    pieces: tuple[PieceBox, ...]
+    """All pieces in order (empty when the range did not compile)."""
+    boundaries: tuple[BoundaryLabel, ...]
+    """All boundaries in order."""
+    groups: tuple[PieceGroup, ...]
+    """Runs of identical layers (collapsed unless expanded)."""
+    failures: tuple[FailureMark, ...]
+    """Failed checks of this range."""
+    erased: tuple[ErasedCopy, ...]
+    """``copy_`` epilogues erased by ``gather_erase`` (numerically unsafe)."""
+
+    def boundary_after(self, piece: int) -> BoundaryLabel | None:
+        """The boundary leaving ``piece`` (None after the last piece)."""
+        return self._by_after.get(piece)
+
+    def piece(self, index: int) -> PieceBox:
+        """The piece with this index."""
+        return self._by_index[index]
+
+    def lane(self, expand: bool | Iterable[str] = False) -> list[PieceBox | PieceGroup]:
+        """Pieces and collapsed groups left to right; ``expand`` is True, False or group ids to open."""
+        expanded = _expanded_ids(self.groups, expand)
+        starts = {g.first: g for g in self.groups if g.id not in expanded}
+        items: list[PieceBox | PieceGroup] = []
+        i = 0
+        while i < len(self.pieces):
+            group = starts.get(self.pieces[i].index)
+            if group is not None:
+                items.append(group)
+                i += len(group.pieces)
+            else:
+                items.append(self.pieces[i])
+                i += 1
+        return items
+
+    @cached_property
+    def _by_after(self) -> dict[int, BoundaryLabel]:
+        return {b.after_piece: b for b in self.boundaries}
+
+    @cached_property
+    def _by_index(self) -> dict[int, PieceBox]:
+        return {p.index: p for p in self.pieces}
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able form (used by ``emit_trace``), with group labels spelled out."""
+        out = dataclasses.asdict(self)
+        for g, d in zip(self.groups, out["groups"]):
+            d["label"] = g.label
+        return out
+
+
+def _expanded_ids(groups: Sequence[PieceGroup], expand: bool | Iterable[str]) -> set[str]:
+    if expand is True:
+        return {g.id for g in groups}
+    if expand is False or expand is None:
+        return set()
+    wanted = {expand} if isinstance(expand, str) else set(expand)
+    unknown = wanted - {g.id for g in groups}
+    if unknown:
+        known = ", ".join(f"{g.id} ({g.label})" for g in groups) or "none"
+        raise ValueError(f"unknown group ids {sorted(unknown)}; groups in this range: {known}")
+    return wanted
+
+
+def _tensor(t: Any) -> TensorCrossing:
+    return TensorCrossing(
+        name=t.name, module=getattr(t, "module", None), dtype=t.dtype, shape_before=tuple(t.shape_before or ()),
+        shape_after=tuple(t.shape_after or ()), sharded_before=bool(t.sharded_before),
+        sharded_after=bool(t.sharded_after), bytes_per_token_after=float(t.bytes_per_token_after or 0.0))
+
+
+def _piece(p: Any) -> PieceBox:
+    after = p.op_counts_after or {}
+    return PieceBox(
+        index=p.index, name=p.name, kind=p.kind, op=p.op, fingerprint=p.fingerprint,
+        compile_time_s=p.compile_time_s if p.kind == "compiled" else None, cache_hit=p.cache_hit,
+        inductor_cache_hit=getattr(p, "inductor_cache_hit", None),
+        ops_after={k: int(after.get(k, 0)) for k in OP_ABBREVIATIONS},
+        matches={k: int((p.matches or {}).get(k, 0)) for k in MATCH_KEYS}, n_changed=len(p.changed or ()))
+
+
+def overview_data(report: Any, range_index: int | None = None, *, max_period: int = 4,
+                  min_repeats: int = 2) -> OverviewData:
+    """Pieces, boundaries, failures and erased copies of one range, with identical layers grouped.
+
+    A run of ``min_repeats`` or more identical blocks of up to ``max_period`` pieces (equal
+    fingerprints, equal boundary signatures, equal failures) becomes one :class:`PieceGroup`. Blocks
+    start at a compiled piece so a group reads as "layers": compiled piece + the attention after it.
+    ``range_index=None`` picks the first SP range that compiled or failed.
+    """
+    report = as_report(report)
+    ri = resolve_range(report, range_index)
+    r = report.ranges[ri]
+    summary = RangeSummary(
+        index=ri, lo=r.lo, hi=r.hi, enable_sp=r.enable_sp, enable_async_tp=r.enable_async_tp, boundary=r.boundary,
+        compile_mode=r.compile_mode, compiled=r.compiled, compile_time_s=r.compile_time_s,
+        numerically_unsafe=r.numerically_unsafe)
+    pieces = tuple(_piece(p) for p in r.pieces)
+
+    raw_boundaries = sorted(r.boundaries, key=lambda b: b.index)
+    feeding: dict[int, list] = defaultdict(list)
+    for b in raw_boundaries:
+        feeding[b.before_piece].append(b)
+    failures_by_boundary: dict[int, list[FailureMark]] = defaultdict(list)
+    failures = []
+    for f in r.failures:
+        # The boundary that fed the failing piece; prefer one that carries the named tensor.
+        candidates = feeding.get(f.piece, [])
+        named = [b for b in candidates if any(t.name == f.tensor for t in b.tensors)]
+        chosen = (named or candidates or [None])[-1]
+        mark = FailureMark(piece=f.piece, tensor=f.tensor, check=f.check,
+                           expected_shape=tuple(f.expected_shape or ()), actual_shape=tuple(f.actual_shape or ()),
+                           message=f.message, boundary=None if chosen is None else chosen.index)
+        failures.append(mark)
+        if chosen is not None:
+            failures_by_boundary[chosen.index].append(mark)
+
+    boundaries = tuple(BoundaryLabel(
+        index=b.index, after_piece=b.after_piece, before_piece=b.before_piece,
+        tensors=tuple(_tensor(t) for t in b.tensors),
+        failures=tuple(failures_by_boundary.get(b.index, ()))) for b in raw_boundaries)
+    erased = tuple(ErasedCopy(piece=e.piece, target=e.target, dst_shape=tuple(e.dst_shape or ()),
+                              src_shape=tuple(e.src_shape or ())) for e in r.erased_copies)
+
+    groups = _collapse(pieces, boundaries, failures, erased, max_period=max_period, min_repeats=min_repeats)
+    provenance = report.provenance
+    return OverviewData(model=report.model.get("name", "?"), tp_size=provenance.get("tp_size"),
+                        synthetic=bool(provenance.get("synthetic")), range=summary, pieces=pieces,
+                        boundaries=boundaries, groups=groups, failures=tuple(failures), erased=erased)
+
+
+def _collapse(pieces: Sequence[PieceBox], boundaries: Sequence[BoundaryLabel], failures: Sequence[FailureMark],
+              erased: Sequence[ErasedCopy], *, max_period: int, min_repeats: int) -> tuple[PieceGroup, ...]:
+    """Greedy left-to-right run detection over per-piece signatures (O(pieces x max_period))."""
+    by_after = {b.after_piece: b for b in boundaries}
+    fails = defaultdict(list)
+    for f in failures:
+        fails[f.piece].append((f.check, f.expected_shape, f.actual_shape))
+    erased_at = defaultdict(list)
+    for e in erased:
+        erased_at[e.piece].append((e.dst_shape, e.src_shape))
+    # A piece is "the same" as another when its structure, its outgoing boundary and its problems are.
+    sigs = [(p.kind, p.op, p.fingerprint, tuple(fails[p.index]), tuple(erased_at[p.index]),
+             by_after[p.index].signature if p.index in by_after else None) for p in pieces]
+    groups, i, n = [], 0, len(pieces)
+    while i < n:
+        best = None
+        if pieces[i].kind == "compiled" and pieces[i].fingerprint is not None:
+            for period in range(1, max_period + 1):
+                block = sigs[i:i + period]
+                repeats = 1
+                while i + (repeats + 1) * period <= n and sigs[i + repeats * period:i + (repeats + 1) * period] == block:
+                    repeats += 1
+                # Strictly larger coverage only: on ties the shorter period reads better.
+                if repeats >= min_repeats and (best is None or repeats * period > best[0] * best[1]):
+                    best = (repeats, period)
+        if best is None:
+            i += 1
+            continue
+        repeats, period = best
+        end = i + repeats * period
+        # End on a compiled piece ("pieces 2-62 x31" for 31 layers): the last repeat's trailing splitting
+        # op stays visible beside the group, as the first one before it does.
+        while end - 1 > i and pieces[end - 1].kind != "compiled":
+            end -= 1
+        groups.append(PieceGroup(id=f"g{len(groups)}", pieces=tuple(p.index for p in pieces[i:end]),
+                                 period=period, repeats=repeats))
+        i = end
+    return tuple(groups)

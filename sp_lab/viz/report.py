@@ -1,0 +1,159 @@
+"""The HTML report of a sweep: the recommendation and its confidence first, then the figures and tables.
+
+One page, readable without plotly's toolbar: the policy to run and why (regret with 95% intervals, what
+the noise leaves open, what a second threshold would gain), the regret table behind it (the same
+:func:`sp_lab.tuning.regret.regret_table` the tuner and the exported file show), the latency figure with
+intervals, what actually ran (SP rewrites, fused ops, fusion that did not fire) and the provenance of
+every row. The page records which store it was made from (``<meta name="sp_lab-store">``) so that a
+later report never silently replaces the report of another run.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from sp_lab.vocabulary import PROVENANCE_COLUMNS, REHEARSAL, SIMULATED
+
+if TYPE_CHECKING:
+    from sp_lab.config import LabConfig
+    from sp_lab.tuning.policy import Recommendation
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}"
+    "table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+    "td:first-child,th:first-child{text-align:left}"
+    ".warn{background:#fff3cd;padding:.5em 1em;border-left:4px solid #e0a800}"
+    ".rec{background:#eef6ee;padding:.6em 1em;border-left:4px solid #2ca02c;font-size:15px}"
+)
+_STORE_META = re.compile(r'<meta name="sp_lab-store" content="([^"]*)">')
+
+
+class ReportOverwriteError(FileExistsError):
+    """The output file is the report of another store's rows; the message says how to keep both."""
+
+
+def report_store(path: str | Path) -> str | None:
+    """The store an existing report was made from (``None``: not an sp_lab report, or written before)."""
+    try:
+        match = _STORE_META.search(Path(path).read_text(encoding="utf-8", errors="replace")[:4096])
+    except OSError:
+        return None
+    return html.unescape(match.group(1)) if match else None
+
+
+def html_table(df: pl.DataFrame, *, percent: Sequence[str] = (), digits: int = 1) -> str:
+    """``df`` as an HTML table; floats with ``digits`` decimals, ``percent`` columns as percentages."""
+    def cell(column: str, value: object) -> str:
+        if value is None:
+            return ""
+        if column in percent and isinstance(value, float):
+            return f"{100 * value:.{digits}f}%"
+        if isinstance(value, float):
+            return f"{value:.{digits}f}"
+        return html.escape(str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(c, v)}</td>" for c, v in zip(df.columns, row, strict=True))
+                   + "</tr>" for row in df.iter_rows())
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _recommendation_html(rec: Recommendation) -> str:
+    s = rec.second_threshold
+    second = ""
+    if s is not None:
+        second = ("<li>A second threshold would gain nothing.</li>" if s.gain <= 0 else
+                  f"<li>A second threshold ({html.escape(s.policy.name)}) would lower the total regret by "
+                  f"{s.gain:.3f} ({'beyond' if s.beyond_noise else 'within'} noise); vLLM gates SP and AsyncTP "
+                  "at one token count, so it is not recommended.</li>")
+    lo_w, hi_w = rec.worst_interval
+    lo_t, hi_t = rec.total_interval
+    table = rec.table.with_columns(pl.col("num_tokens").cast(pl.String))
+    return (
+        f"<div class='rec'><b>Run: {html.escape(rec.policy.name)}</b></div><ul>"
+        f"<li>Worst regret {100 * rec.worst_regret:.1f}% (95% interval {100 * lo_w:.1f}-{100 * hi_w:.1f}%), "
+        f"total {rec.total_regret:.3f} ({lo_t:.3f}-{hi_t:.3f}) over {rec.table.height} token counts.</li>"
+        f"<li>Confidence: {html.escape(rec.noise_line())}.</li>{second}</ul>"
+        "<h3>Regret of the recommended config at each token count</h3>"
+        + html_table(table, percent=("regret_rel",))
+    )
+
+
+def write_report(
+    rows: pl.DataFrame,
+    out: str | Path,
+    *,
+    store: str | Path,
+    recommendation: Recommendation | None = None,
+    config: LabConfig | None = None,
+    compile_report: Path | None = None,
+    include_plotlyjs: bool | str = True,
+    overwrite: bool = False,
+) -> Path:
+    """Write the report of ``rows`` (read from ``store``) to ``out``; returns the path.
+
+    The regret panel draws ``recommendation.config`` (or ``config``). An existing report made from
+    another store is kept unless ``overwrite``: :class:`ReportOverwriteError` names both stores.
+    """
+    from sp_lab.viz.latency import plot_latency
+
+    out = Path(out)
+    previous = report_store(out) if out.exists() else None
+    if previous is not None and previous != str(store) and not overwrite:
+        raise ReportOverwriteError(
+            f"{out} is the report of the rows in {previous}, not {store}; pass another --out, or --force "
+            "to replace it"
+        )
+    shown = recommendation.config if recommendation is not None else config
+    sources = sorted(set(rows["source"].to_list()))
+    figures = [plot_latency(rows, config=shown, title=f"Forward latency vs tokens (source: {', '.join(sources)})")]
+    if compile_report is not None:
+        from sp_lab.viz.graph import load_report, plot_overview
+
+        figures.append(plot_overview(load_report(compile_report)))
+    divs = [f.to_html(full_html=False, include_plotlyjs=include_plotlyjs if i == 0 else False)
+            for i, f in enumerate(figures)]
+    provenance = rows.group_by(list(PROVENANCE_COLUMNS)).agg(pl.len().alias("rows")).sort(list(PROVENANCE_COLUMNS))
+    ran = (rows.group_by("reported_variant", "source")
+           .agg(pl.len().alias("rows"), pl.col("sp_rewrites").max().alias("SP rewrites (max)"),
+                pl.col("n_fused_ag_mm").max().alias("fused AG+mm (max)"),
+                pl.col("n_fused_mm_rs").max().alias("fused mm+RS (max)"),
+                pl.col("fusion_missing").sum().alias("fusion missing"))
+           .sort("reported_variant"))
+    heading = (f"<h1>sp_lab report: {html.escape(str(rows['model'][0]))}, tp={rows['tp'][0]}, "
+               f"{html.escape(str(rows['device_name'][0]))}</h1>")
+    summary = (f"<p>{rows.height} rows from <code>{html.escape(str(store))}</code>, measured "
+               f"{rows['timestamp'].min()} to {rows['timestamp'].max()}; sources: {', '.join(sources)}.</p>")
+    parts = [heading, summary]
+    if recommendation is not None:
+        parts += ["<h2>Recommendation</h2>", _recommendation_html(recommendation)]
+    else:
+        parts.append("<p class='warn'>No recommendation: the rows do not let one be made (see the command's "
+                     "note).</p>")
+    missing = int(rows["fusion_missing"].sum())
+    if missing:
+        parts.append(f"<p class='warn'>{missing} row(s) expected SP or AsyncTP fusion that did not run. They are "
+                     "drawn and listed as '&lt;variant&gt; [fusion missing]', never as the variant they were asked "
+                     "to be.</p>")
+    for source, what in ((SIMULATED, "simulated (what-if model), not measured"),
+                         (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
+        if source in sources:
+            parts.append(f"<p class='warn'>Some rows are <b>{what}</b>.</p>")
+    parts += ["<h2>Latency and regret</h2>", *divs,
+              "<h2>What ran</h2>", html_table(ran),
+              "<h2>Provenance</h2>", html_table(provenance)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f'<meta name="sp_lab-store" content="{html.escape(str(store))}">'
+        f"<title>sp_lab report</title><style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n",
+        encoding="utf-8",
+    )
+    return out

@@ -1,0 +1,73 @@
+"""The words sp_lab's rows, plots, files and commands share: variants, sources, provenance columns.
+
+Every module that writes or reads a sweep row spells these names from here, so a plot's legend, the
+store's rows, the tuner's table and the exported file can never disagree about what a variant or a
+source is called. This module imports nothing (it sits below every other layer).
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------- variants
+BASELINE = "baseline"
+"""Plain tensor parallelism: an ``all_reduce`` after each row-parallel matmul (SP and AsyncTP off)."""
+SP = "sp"
+"""Sequence parallelism alone: ``reduce_scatter`` / ``all_gather`` around the norms, no fused kernels."""
+SP_ASYNC_TP = "sp+async_tp"
+"""SP with AsyncTP: the collectives fused with their neighbouring matmuls."""
+TUNED = "tuned"
+"""The given (tuned) config as is: whatever its gates choose at each token count."""
+
+REFERENCE_VARIANTS = (BASELINE, SP, SP_ASYNC_TP)
+"""The programs a policy chooses among at a token count, from least to most rewriting."""
+VARIANTS = (*REFERENCE_VARIANTS, TUNED)
+"""Every variant a sweep measures."""
+
+REWRITE_LEVEL = {BASELINE: 0, SP: 1, SP_ASYNC_TP: 2}
+"""How much of the graph a variant rewrites: among choices the data cannot tell apart, less is preferred."""
+
+# ---------------------------------------------------------------------------------------------- sources
+MEASURED = "measured"
+"""Timed here, on the devices the row names."""
+SIMULATED = "simulated"
+"""Predicted by the what-if model from single-GPU matmul timings; no distributed run happened."""
+REHEARSAL = "rehearsal"
+"""Several ranks on one GPU: the code path of a multi-GPU run, but not its latency."""
+REPLAYED = "replayed"
+"""Recorded elsewhere (another machine or an earlier store) and imported."""
+
+SOURCES = (MEASURED, SIMULATED, REHEARSAL, REPLAYED)
+"""Where a row's numbers come from; rows of different sources are never compared unlabelled."""
+TUNABLE_SOURCES = (MEASURED, REPLAYED)
+"""Sources a threshold is tuned on unless another is named (in this order of preference)."""
+
+NEVER = "never"
+"""The one spelling of "no token count gets the rewrite" (threshold ``None`` in code)."""
+
+# ------------------------------------------------------------------------------------------ provenance
+SETUP_COLUMNS = ("model", "hidden_size", "num_layers", "tp", "dtype", "device_name", "backend", "boundary")
+"""Columns that must agree for rows to be tuned together (one curve per variant)."""
+PROVENANCE_COLUMNS = (
+    "source",
+    *SETUP_COLUMNS,
+    "device_count",
+    "torch_version",
+    "sp_lab_version",
+    "hostname",
+    "timing_method",
+)
+"""Where a number comes from: what the report's provenance table and an exported file carry."""
+LEGEND_COLUMNS = ("model", "device_name", "tp", "torch_version", "boundary", "dtype")
+"""Provenance columns that, when they differ between rows, must show in every plot label."""
+
+# ----------------------------------------------------------------------------------------- file layout
+DEFAULT_OUT = "out"
+"""Where ``python -m sp_lab run`` writes (store, configs, report), relative to the working directory."""
+DEFAULT_STORE = f"{DEFAULT_OUT}/sweeps"
+"""The sweep store every command and the tuner widget read and write unless told otherwise."""
+DEFAULT_REPORT = f"{DEFAULT_OUT}/report.html"
+"""The HTML report's default path."""
+
+
+def describe_threshold(threshold: int | None) -> str:
+    """``"never"`` for ``None``, else the number: how a threshold is printed everywhere."""
+    return NEVER if threshold is None else str(int(threshold))

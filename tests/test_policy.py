@@ -1,0 +1,127 @@
+"""The one regret (sp_lab.tuning.regret) and noise-aware policy recommendations (sp_lab.tuning.policy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from sp_lab.bench.timing import median_ci
+from sp_lab.config import LabConfig
+from sp_lab.tuning.policy import Policy, candidate_policies, recommend
+from sp_lab.tuning.regret import REGRET_COLUMNS, regret_table, variant_run
+
+TOKENS = [16, 64, 128, 256, 512, 1024]
+
+
+def noisy_rows(latency: dict, *, noise: float = 0.02, samples: int = 30, seed: int = 0) -> pl.DataFrame:
+    """Rows as a sweep writes them: each the median of ``samples`` calls with relative ``noise``, and its CI."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in TOKENS:
+        for variant, mean in latency.items():
+            calls = list(mean(t) * (1 + noise * rng.standard_normal(samples)))
+            lo, hi = median_ci(calls)
+            rows.append({"num_tokens": t, "variant": variant, "latency_us": float(np.median(calls)),
+                         "ci_low_us": lo, "ci_high_us": hi, "source": "measured"})
+    return pl.DataFrame(rows)
+
+
+# baseline = 100 + t, fused = 200 + t/2: they cross at t = 200 (fusion wins from 256 on); sp never wins
+CROSSING = {"baseline": lambda t: 100.0 + t, "sp": lambda t: 150.0 + t, "sp+async_tp": lambda t: 200.0 + 0.5 * t}
+
+
+def test_regret_table_needs_only_tokens_variant_latency():
+    rows = [{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in CROSSING.items()]
+    table = regret_table(rows, LabConfig(async_tp_min_tokens=64))  # fuses too early at 64 and 128
+    assert table.columns == list(REGRET_COLUMNS)
+    assert table["variant_run"].to_list() == ["baseline"] + ["sp+async_tp"] * 5
+    assert table["best_variant"].to_list() == ["baseline"] * 3 + ["sp+async_tp"] * 3
+    assert table["regret_rel"].to_list() == pytest.approx([0, 232 / 164 - 1, 264 / 228 - 1, 0, 0, 0])
+
+
+def test_what_a_config_runs_follows_its_gates():
+    assert variant_run(LabConfig(enable_sp=False, enable_async_tp=False), 4096) == "baseline"
+    assert variant_run(LabConfig(async_tp_min_tokens=64, enable_async_tp=False), 64) == "sp"
+    two = LabConfig(sp_min_tokens=16, async_tp_min_tokens=256)
+    assert [variant_run(two, t) for t in (8, 16, 255, 256)] == ["baseline", "sp", "sp", "sp+async_tp"]
+    assert variant_run(LabConfig(tp_size=1), 4096) == "baseline"  # nothing to rewrite with one rank
+
+
+def test_fusion_missing_rows_never_count_and_sources_never_mix():
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "source": "measured",
+                          "fusion_missing": False} for t in TOKENS for v, f in CROSSING.items()])
+    fake = rows.filter(pl.col("num_tokens") == 1024, pl.col("variant") == "sp").with_columns(
+        latency_us=pl.lit(1.0), fusion_missing=pl.lit(True))
+    with pytest.warns(UserWarning, match="fusion did not fire"):
+        table = regret_table(pl.concat([rows, fake]), LabConfig(async_tp_min_tokens=256))
+    assert table.filter(pl.col("num_tokens") == 1024)["best_us"].item() == 712.0
+    with pytest.raises(ValueError, match="mix sources"):
+        regret_table(pl.concat([rows, rows.with_columns(source=pl.lit("rehearsal"))]), LabConfig())
+    with pytest.raises(ValueError, match=r"runs \['sp'\] .* no rows of \['sp'\]"):
+        regret_table(rows.filter(pl.col("variant") != "sp"), LabConfig(enable_async_tp=False))
+
+
+def test_policies_map_to_configs_and_back():
+    base = LabConfig(tp_size=2)
+    for policy in candidate_policies(TOKENS, ["baseline", "sp", "sp+async_tp"], thresholds=2):
+        config = policy.to_config(base)
+        assert Policy.of(config) == policy, policy.name
+        assert all(variant_run(config, t) == policy.variant_at(t) for t in TOKENS), policy.name
+    assert Policy.gate("baseline", "sp+async_tp", None).name == "baseline everywhere (SP and AsyncTP never)"
+    with pytest.raises(ValueError, match="move to more rewriting variants"):
+        Policy(((1, "sp+async_tp"), (64, "baseline")))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_clear_crossing_gives_the_same_recommendation_under_noise(seed):
+    rec = recommend(noisy_rows(CROSSING, seed=seed), LabConfig())
+    assert rec.policy.name == "baseline below 256, sp+async_tp from 256"
+    assert not rec.ambiguous and rec.worst_regret == pytest.approx(0.0, abs=0.01)
+    assert rec.total_interval[0] <= rec.total_regret <= rec.total_interval[1]
+    assert rec.table.equals(regret_table(noisy_rows(CROSSING, seed=seed), rec.config))  # the one regret
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_equal_variants_are_reported_not_distinguishable_and_the_least_rewriting_wins(seed):
+    same = {"baseline": lambda t: 100.0 + t, "sp+async_tp": lambda t: 100.0 + t}
+    rec = recommend(noisy_rows(same, seed=seed), LabConfig())
+    assert rec.ambiguous and "not distinguishable" in rec.noise_line()
+    assert rec.policy.name == "baseline everywhere (SP and AsyncTP never)"  # rewrites nothing
+    assert not rec.config.enable_sp and rec.threshold is None
+    assert rec.to_dict()["async_tp_min_tokens"] == "never"
+
+
+def test_thresholds_within_noise_are_named_and_the_later_one_is_chosen():
+    # fusion wins by 10% from 256 on and is within 0.5% of baseline at 64 and 128: 64, 128 and 256 all fit
+    near = {"baseline": lambda t: 100.0 + t,
+            "sp+async_tp": lambda t: (100.0 + t) * (1.3 if t < 64 else 1.005 if t < 256 else 0.9)}
+    rec = recommend(noisy_rows(near, noise=0.03, seed=1), LabConfig())
+    assert rec.ambiguous and rec.policy.threshold == 256
+    assert "and 256 (baseline -> sp+async_tp) are not distinguishable" in rec.noise_line()
+
+
+def test_without_noise_information_the_choice_says_so():
+    rows = [{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in CROSSING.items()]
+    rec = recommend(rows, LabConfig())
+    assert not rec.noise_known and "ignores noise" in rec.noise_line()
+    assert rec.policy.threshold == 256
+
+
+def test_a_second_threshold_is_reported_with_its_gain():
+    # sp pays from 64, sp+async_tp from 512: one threshold cannot express it
+    staged = {"baseline": lambda t: 100.0 + t,
+              "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.9),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    rec = recommend(noisy_rows(staged, noise=0.01), LabConfig())
+    second = rec.second_threshold
+    assert second.policy.name == "baseline below 64, sp from 64, sp+async_tp from 512"
+    assert second.gain > 0.1 and second.beyond_noise
+    assert "a second threshold (baseline below 64, sp from 64, sp+async_tp from 512)" in rec.describe()
+    config = second.policy.to_config(LabConfig())
+    assert (config.sp_min_tokens, config.async_tp_min_tokens) == (64, 512)  # LabConfig runs it; vLLM cannot
+
+
+def test_recommend_says_what_to_measure():
+    with pytest.raises(ValueError, match="needs 'baseline' and at least one of"):
+        recommend([{"num_tokens": 8, "variant": "sp", "latency_us": 1.0}], LabConfig())
