@@ -34,9 +34,13 @@ def test_bad_modes_are_named(kwargs, message):
 
 def test_to_vllm_maps_each_mode():
     for mode, vllm in VLLM_CUDAGRAPH_MODE.items():
-        assert LabConfig(cudagraph_mode=mode).to_vllm()["cudagraph_mode"] == vllm
-    # A full-graph compile has one piece: its piecewise graph is the whole forward.
-    assert LabConfig(cudagraph_mode="piecewise", compile_mode="full_graph").to_vllm()["cudagraph_mode"] == "FULL"
+        exported = LabConfig(tp_size=1, enable_sp=False, enable_async_tp=False, cudagraph_mode=mode).to_vllm()
+        assert exported.get("cudagraph_mode", "NONE") == vllm
+    # With SP vLLM needs the whole graph in one piece, so piece-wise graphs become full graphs for decode
+    # batches, and sp_lab's "full" full graphs for every batch.
+    assert LabConfig(tp_size=2, cudagraph_mode="full").to_vllm()["cudagraph_mode"] == "FULL"
+    for mode in ("none", "piecewise", "full_and_piecewise"):
+        assert LabConfig(tp_size=2, cudagraph_mode=mode).to_vllm()["cudagraph_mode"] == "FULL_DECODE_ONLY"
 
 
 def test_plan_full_and_piecewise_takes_full_graphs_where_sp_is_off():
