@@ -66,3 +66,16 @@ def test_graphs_of_every_size_replay_new_tokens_after_all_are_captured(model, mo
             with torch.no_grad():
                 want = model(ids)
             torch.testing.assert_close(compiled(ids), want, atol=1e-4, rtol=1e-4)
+
+
+def test_piecewise_graphs_never_write_into_the_callers_tokens(model):
+    """The first piece's graph copies each call's tokens into the tensor it was captured with; that tensor
+    must be sp_lab's own buffer (the bug this guards against overwrote the caller's earlier token tensor)."""
+    config = sp_lab.LabConfig(tp_size=1, enable_sp=False, enable_async_tp=False, cudagraph_mode="piecewise",
+                              cudagraph_capture_sizes=[16], async_tp_min_tokens=32, max_num_tokens=64)
+    compiled = sp_lab.compile(model, config)
+    first = torch.randint(0, 256, (16,), device="cuda")
+    kept = first.clone()
+    compiled(first), compiled(first)  # warm-up, capture
+    compiled(torch.randint(0, 256, (16,), device="cuda"))  # replay with other tokens
+    assert torch.equal(first, kept)

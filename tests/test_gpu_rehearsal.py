@@ -57,7 +57,7 @@ def _collectives() -> dict[str, float]:
     import torch.distributed._functional_collectives as funcol
 
     from sp_lab.distributed.collectives import rehearse_on_one_gpu
-    from sp_lab.models.layers import _all_gather_single
+    from sp_lab.models.layers import _all_gather_single, gather_last_dim
 
     device = rehearse_on_one_gpu()
     rank, world, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
@@ -66,7 +66,7 @@ def _collectives() -> dict[str, float]:
     cases = {
         "all_reduce": (lambda t: funcol.all_reduce(t, "sum", group), sum(shards)),
         "all_gather dim 0": (lambda t: _all_gather_single(t, 0, group), torch.cat(shards, 0)),
-        "all_gather dim 1 (logits)": (lambda t: _all_gather_single(t, 1, group), torch.cat(shards, 1)),
+        "logits gather (LM head)": (lambda t: gather_last_dim(t, world, group), torch.cat(shards, 1)),
         "reduce_scatter": (lambda t: funcol.reduce_scatter_tensor(t.repeat(world, 1), "sum", 0, group),
                            sum(shards)),
     }

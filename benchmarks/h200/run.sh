@@ -45,7 +45,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record th
 step attention 90 python3 benchmarks/h200/bench_attention.py
 step tp1_latency 200 python3 benchmarks/h200/bench_tp1_latency.py
 step verify_gpu 120 python3 benchmarks/verify_gpu.py
-step rehearsal 200 python3 benchmarks/h200/rehearsal_numerics.py &
+step rehearsal 330 python3 benchmarks/h200/rehearsal_numerics.py &
 step pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider -k "not compiled_tp_model" tests &
 wait
 # The device tool returns at most 8 files: the timed steps' logs travel as one.

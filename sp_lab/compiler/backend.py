@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
-from sp_lab.compiler.cudagraphs import CudaGraphPiece, CudaGraphPlan, FullCudaGraphs
+from sp_lab.compiler.cudagraphs import CudaGraphPiece, CudaGraphPlan, FullCudaGraphs, StaticTokens
 from sp_lab.compiler.passes.boundary import policy_for
 from sp_lab.compiler.passes.graph_builder import same_size
 from sp_lab.compiler.passes.post_grad import PieceObservation, SpLabPostGradPass
@@ -127,6 +127,7 @@ class CompiledModel:
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _RECOMPILE_LIMIT)
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
         self._full_graphs = FullCudaGraphs(self._forward)
+        self._static_tokens = StaticTokens()
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         num_tokens = tokens.shape[0]
@@ -134,7 +135,11 @@ class CompiledModel:
         padded = self._graphs.padded(num_tokens)
         kind = self._graphs.kind(padded)
         self.at_capture_size = kind == "piecewise"
-        if padded != num_tokens:
+        if kind == "piecewise":
+            # The first piece's graph keeps the tensor it was captured with as its input and copies later
+            # tokens into it: that must be sp_lab's buffer, never the caller's (it would be overwritten).
+            tokens = self._static_tokens.stage(tokens, padded)
+        elif padded != num_tokens:
             # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
             tokens = torch.cat([tokens, tokens.new_zeros((padded - num_tokens, *tokens.shape[1:]))])
         with torch.no_grad():

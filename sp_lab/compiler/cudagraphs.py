@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["CudaGraphPiece", "CudaGraphPlan", "FullCudaGraphs", "counters"]
+__all__ = ["CudaGraphPiece", "CudaGraphPlan", "FullCudaGraphs", "StaticTokens", "counters"]
 
 counters: Counter[str] = Counter()
 """Graphs captured in this process, by kind (``"piece"``, ``"full"``): something tests can assert on."""
@@ -155,3 +155,23 @@ class FullCudaGraphs:
         self.graphs[size] = (graph, static_out)
         graph.replay()
         return static_out
+
+
+class StaticTokens:
+    """One token buffer per capture size, owned here: graphs read their inputs from the buffers they were
+    captured with, so a caller's tensor must never become one (a later replay would copy other tokens into
+    it). :meth:`stage` copies the call's tokens in, zero-padded to the capture size."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def stage(self, tokens: torch.Tensor, padded: int) -> torch.Tensor:
+        """``tokens [T, ...]`` copied into the buffer of ``padded >= T`` rows (rows past ``T`` zero)."""
+        buffer = self.buffers.get(padded)
+        if buffer is None or buffer.device != tokens.device or buffer.dtype != tokens.dtype:
+            buffer = self.buffers[padded] = tokens.new_zeros((padded, *tokens.shape[1:]))
+        num_tokens = tokens.shape[0]
+        buffer[:num_tokens].copy_(tokens)
+        if num_tokens < padded:
+            buffer[num_tokens:].zero_()
+        return buffer
