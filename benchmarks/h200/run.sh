@@ -3,6 +3,7 @@
 # GPU test suite, within the device tool's 10-minute limit.
 #
 #   bash benchmarks/h200/run.sh        # on the device machine (the device tool sets OUT); carry .whl (polars)
+#   ONLY="verify_gpu rehearsal" bash benchmarks/h200/run.sh   # some steps only
 #
 # Writes to $OUT (the device tool returns at most 8 files): attention.json, tp1_latency.json,
 # verify_gpu.json (commit as verify_gpu_h200.json), rehearsal_numerics.json, and logs/ (run.log with
@@ -35,6 +36,7 @@ python3 -c 'import torch, polars; print("torch", torch.__version__, "cuda", torc
 
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record the exit code in run.log
     local name=$1 limit=$2; shift 2
+    if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then echo "$name: skipped (ONLY=$ONLY)" >>"$LOGS/run.log"; return; fi
     local start=$SECONDS
     timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
     local rc=$?
@@ -42,12 +44,12 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record th
     tail -n 25 "$LOGS/$name.log"
 }
 
-step attention 90 python3 benchmarks/h200/bench_attention.py
-step tp1_latency 200 python3 benchmarks/h200/bench_tp1_latency.py
-step verify_gpu 120 python3 benchmarks/verify_gpu.py
+step attention_timed 90 python3 benchmarks/h200/bench_attention.py
+step tp1_latency_timed 200 python3 benchmarks/h200/bench_tp1_latency.py
+step verify_gpu_timed 120 python3 benchmarks/verify_gpu.py
 step rehearsal 330 python3 benchmarks/h200/rehearsal_numerics.py &
 step pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider -k "not compiled_tp_model" tests &
 wait
 # The device tool returns at most 8 files: the timed steps' logs travel as one.
-(cd "$LOGS" && cat attention.log tp1_latency.log verify_gpu.log > timed_steps.log && rm attention.log tp1_latency.log verify_gpu.log)
+(cd "$LOGS" && cat ./*_timed.log > timed_steps.log 2>/dev/null; rm -f ./*_timed.log)
 echo "== run.log"; cat "$LOGS/run.log"
