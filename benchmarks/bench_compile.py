@@ -1,36 +1,60 @@
-"""Compile time of sp_lab's piecewise pipeline vs plain ``torch.compile(fullgraph=True)``, and latency of the
-``gather`` vs ``sharded`` boundary strategies, per rank on 2 gloo CPU ranks (not a timed test).
+"""Compile time of sp_lab's piecewise pipeline vs plain ``torch.compile(fullgraph=True)``, cold, on 2 gloo CPU
+ranks (a benchmark, not a timed test), plus the latency of the ``gather`` and ``sharded`` boundary strategies.
 
-Model: ``llama-3-8b`` with 4 layers (the real widths: hidden 4096, MLP 14336, vocab 128256), bf16 by default
-to halve the ~2 GB of weights per rank. Target: sp_lab's compile at most 1.5x plain Inductor's.
+Model: ``--model`` (default ``llama-3-8b``) with ``--layers`` layers (the real widths: hidden 4096, MLP 14336, vocab 128256), bf16
+by default to halve the weights. Target: sp_lab's compile at most 1.5x plain Inductor's.
 
-    python benchmarks/bench_compile.py                       # 4 layers, tokens 16 64 256
-    python benchmarks/bench_compile.py --layers 2 --tokens 32 128
+    python benchmarks/bench_compile.py                          # 2 layers, tokens 4 16 64 256, 3 repeats
+    python benchmarks/bench_compile.py --layers 4 --repeats 5 --out out/bench_compile.json
 
-Each strategy's compile time is the first call at the largest token count (the SP range), from a fresh
-Dynamo state in the same process; both share the Inductor code cache, as a second notebook run would.
-Latency: median of ``--repeats`` calls after 2 warm-ups. Prints one JSON line per rank-0 result.
+How it keeps the comparison honest:
+
+- **Each trial is a fresh pair of processes** (``sp_lab.launch`` starts new interpreters) **with an empty
+  Inductor cache** (a new ``TORCHINDUCTOR_CACHE_DIR`` per trial): nobody inherits compiled kernels, FX graphs
+  or Dynamo state from a previous contender. Inductor's one-time start-up is paid in every trial on a
+  throw-away function before the clock starts, and reported apart (``startup_s``).
+- **The order alternates**: repeat *r* runs the contenders rotated by *r*, so no contender is always first
+  (a loaded or warming machine then slows every contender alike).
+- **Every range a sweep compiles counts**: the model is called once at each of ``--tokens`` in order, as a
+  sweep does; ``compile_s`` is the sum of those first calls (each includes one forward). With the default
+  ``async_tp_min_tokens`` (the second smallest token count) sp_lab compiles two ranges (without and with
+  SP/AsyncTP) where ``torch.compile`` compiles one dynamic graph; ``first_range_s`` is the first call alone.
+  ``graphs`` is Dynamo's count of unique graphs, ``ranges`` sp_lab's compiled ranges.
+- ``--repeats`` (at least 3) trials per contender; the summary gives median, min and max, and the ratios of
+  medians against ``torch.compile``.
+
+Prints one JSON line per trial, then a summary line; ``--out`` also writes everything to a JSON file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import sp_lab
 
+CONTENDERS = ("torch.compile", "sp_lab gather", "sp_lab sharded")
+BASELINE = "torch.compile"
+
 
 def _ids(n: int, vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n))
+    x = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n))
+    torch._dynamo.mark_dynamic(x, 0)  # as a serving engine marks its token dimension
+    return x
 
 
-def _timed_first_call(fn, x) -> float:
+def _timed(fn, x) -> float:
+    """Wall time of one call on this rank, started and ended together with the peer."""
     dist.barrier()
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -39,7 +63,7 @@ def _timed_first_call(fn, x) -> float:
     return time.perf_counter() - t0
 
 
-def _latency(fn, x, repeats: int) -> float:
+def _latency_ms(fn, x, repeats: int) -> float:
     with torch.no_grad():
         for _ in range(2):
             fn(x)
@@ -49,51 +73,107 @@ def _latency(fn, x, repeats: int) -> float:
             t0 = time.perf_counter()
             fn(x)
             runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+    return 1e3 * statistics.median(runs)
 
 
-def _worker(layers: int, tokens: list[int], dtype: str, repeats: int) -> dict:
+def _trial(contender: str, model_name: str, layers: int, tokens: list[int], dtype: str, latency_repeats: int) -> dict:
+    """One contender in this fresh rank: start-up, the sweep's first calls, then (sp_lab) latency."""
+    from torch._dynamo.utils import counters
+
     rank, tp = dist.get_rank(), dist.get_world_size()
-    model = sp_lab.models.build("llama-3-8b", tp_rank=rank, tp_size=tp, num_layers=layers,
+    t0 = time.perf_counter()
+    # Inductor's one-time start-up is paid by whatever compiles first in a process: pay it on a throw-away
+    # function so that compile_s measures the model, in every trial alike.
+    torch.compile(lambda t: t * 2 + 1, fullgraph=True)(torch.ones(8))
+    startup_s = time.perf_counter() - t0
+    model = sp_lab.models.build(model_name, tp_rank=rank, tp_size=tp, num_layers=layers,
                                 dtype=getattr(torch, dtype))
     vocab = model.spec.vocab_size
-    top = max(tokens)
-    result: dict = {"rank": rank, "compile_s": {}, "latency_ms": {}}
-
-    # Inductor's one-time start-up (~12 s on 2 cores) is paid by whatever compiles first in a process: pay it
-    # here on a throw-away function so neither side of the comparison carries it.
-    torch.compile(lambda t: t * 2 + 1, fullgraph=True)(torch.ones(8))
-
     torch._dynamo.reset()
-    plain = torch.compile(model, fullgraph=True)
-    x = _ids(top, vocab)
-    torch._dynamo.mark_dynamic(x, 0)
-    result["compile_s"]["torch.compile"] = _timed_first_call(plain, x)
-
-    for boundary in ("gather", "sharded"):
-        torch._dynamo.reset()
-        cfg = sp_lab.LabConfig(tp_size=tp, async_tp_min_tokens=min(tokens), max_num_tokens=top, boundary=boundary)
-        compiled = sp_lab.compile(model, cfg)
-        result["compile_s"][boundary] = _timed_first_call(compiled, _ids(top, vocab))
-        result["latency_ms"][boundary] = {n: 1e3 * _latency(compiled, _ids(n, vocab), repeats) for n in tokens}
-    result["ratio_sharded_vs_torch_compile"] = result["compile_s"]["sharded"] / result["compile_s"]["torch.compile"]
+    counters.clear()
+    if contender == BASELINE:
+        compiled = torch.compile(model, fullgraph=True)
+    else:
+        threshold = tokens[1] if len(tokens) > 1 else tokens[0]
+        config = sp_lab.LabConfig(tp_size=tp, async_tp_min_tokens=threshold, max_num_tokens=max(tokens),
+                                  boundary=contender.split()[-1])
+        compiled = sp_lab.compile(model, config)
+    first_calls = {n: _timed(compiled, _ids(n, vocab)) for n in tokens}
+    result = {
+        "contender": contender, "rank": rank, "startup_s": startup_s,
+        "compile_s": sum(first_calls.values()), "first_range_s": first_calls[tokens[0]],
+        "first_call_s": first_calls, "graphs": int(counters["stats"]["unique_graphs"]),
+    }
+    if contender != BASELINE:
+        result["ranges"] = sum(1 for r in compiled.report.ranges if r.compiled)
+        result["latency_ms"] = {n: _latency_ms(compiled, _ids(n, vocab), latency_repeats) for n in tokens}
     return result
+
+
+def trial_order(contenders: tuple[str, ...], repeats: int) -> list[tuple[int, str]]:
+    """``(repeat, contender)`` in run order: repeat r is the contenders rotated by r."""
+    k = len(contenders)
+    return [(r, contenders[(r + i) % k]) for r in range(repeats) for i in range(k)]
+
+
+def _summary(trials: list[dict]) -> dict:
+    out: dict = {}
+    for contender in CONTENDERS:
+        mine = [t for t in trials if t["contender"] == contender]
+        if not mine:
+            continue
+        out[contender] = {
+            key: {"median": statistics.median(t[key] for t in mine), "min": min(t[key] for t in mine),
+                  "max": max(t[key] for t in mine)}
+            for key in ("compile_s", "first_range_s", "startup_s")
+        } | {"graphs": sorted({t["graphs"] for t in mine}), "ranges": sorted({t.get("ranges", 0) for t in mine}),
+             "trials": len(mine)}
+    base = out.get(BASELINE)
+    for contender, stats in out.items():
+        if base and contender != BASELINE:
+            for key in ("compile_s", "first_range_s"):
+                stats[f"{key}_vs_torch_compile"] = stats[key]["median"] / base[key]["median"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--model", default="llama-3-8b", help="a preset or 'toy' (for a quick check)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[4, 16, 64, 256],
+                        help="the sweep's token counts, called in this order (default 4 16 64 256)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="trials per contender (at least 3)")
+    parser.add_argument("--latency-repeats", type=int, default=5)
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--out", type=Path, help="also write trials and summary to this JSON file")
     args = parser.parse_args(argv)
-    results = sp_lab.launch(_worker, args.layers, sorted(args.tokens), args.dtype, args.repeats,
-                            world_size=2, timeout=3600.0)
-    for r in results:
-        r.update(machine=platform.processor() or platform.machine(), torch=torch.__version__,
-                 layers=args.layers, dtype=args.dtype, target_ratio=1.5)
-        print(json.dumps(r))
-    return 0 if all(r["ratio_sharded_vs_torch_compile"] <= 1.5 for r in results) else 1
+    if args.repeats < 3:
+        parser.error(f"--repeats {args.repeats}: at least 3 trials per contender, so one outlier shows")
+
+    trials = []
+    for repeat, contender in trial_order(tuple(args.contenders), args.repeats):
+        with tempfile.TemporaryDirectory(prefix="sp_lab_bench_cache_") as cache:
+            # The ranks inherit this environment: an empty cache, private to this trial.
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            ranks = sp_lab.launch(_trial, contender, args.model, args.layers, list(args.tokens), args.dtype,
+                                  args.latency_repeats, world_size=2, timeout=3600.0)
+        # A TP step is as slow as its slowest rank: keep the rank with the longer compile.
+        trial = max(ranks, key=lambda r: r["compile_s"]) | {"repeat": repeat}
+        trials.append(trial)
+        print(json.dumps(trial), flush=True)
+
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "python": sys.version.split()[0],
+            "torch": torch.__version__, "model": args.model, "layers": args.layers, "tokens": args.tokens, "dtype": args.dtype,
+            "repeats": args.repeats, "ranks": 2, "backend": "gloo", "cache": "empty per trial",
+            "target_ratio": 1.5}
+    summary = _summary(trials)
+    print(json.dumps({"meta": meta, "summary": summary}))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "summary": summary, "trials": trials}, indent=1))
+    ratio = summary.get("sp_lab sharded", {}).get("compile_s_vs_torch_compile")
+    return 0 if ratio is None or ratio <= 1.5 else 1
 
 
 if __name__ == "__main__":

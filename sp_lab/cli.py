@@ -274,17 +274,13 @@ def _one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
     return df.filter(pl.col("source") == source)
 
 
-def _reference_rows(df: pl.DataFrame) -> pl.DataFrame:
+def _recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:
     import polars as pl
 
-    return df.filter(pl.col("variant").is_in(list(REFERENCE_VARIANTS)))
-
-
-def _recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:
     from sp_lab.tuning.policy import recommend
 
     try:
-        return recommend(_reference_rows(df), base)
+        return recommend(df.filter(pl.col("variant").is_in(list(REFERENCE_VARIANTS))), base)
     except ValueError as e:  # e.g. no baseline rows: the message says what to measure
         raise CliError(f"cannot recommend a policy: {e}") from e
 

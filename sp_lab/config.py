@@ -27,7 +27,6 @@ from typing import Any, Literal
 from sp_lab.jsonfile import read_json
 from sp_lab.rules import MatmulRule, RuleError
 from sp_lab.vllm_releases import DEFAULT_RELEASE as DEFAULT_VLLM_RELEASE
-from sp_lab.vllm_releases import release as find_vllm_release
 
 __all__ = [
     "ConfigError",
@@ -44,14 +43,6 @@ CompileMode = Literal["piecewise", "full_graph"]
 Boundary = Literal["none", "gather_erase", "gather", "sharded"]
 HeuristicDefault = Literal["fuse", "no_fuse"]
 CudaGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
-
-# LabConfig.cudagraph_mode -> vLLM's CompilationConfig.cudagraph_mode (CUDAGraphMode member names).
-VLLM_CUDAGRAPH_MODE = {
-    "none": "NONE",
-    "piecewise": "PIECEWISE",
-    "full": "FULL",
-    "full_and_piecewise": "FULL_AND_PIECEWISE",
-}
 
 SCHEMA = "sp_lab.config/1"
 
@@ -323,56 +314,24 @@ class LabConfig:
         file's ``sp_lab`` section. A policy vLLM cannot run (SP before AsyncTP at a second threshold)
         raises :class:`ConfigError`, as does an unknown ``version`` (the message lists the known ones).
         """
+        from sp_lab.vllm_releases import NotExpressible, compilation_config
+
         try:
-            rel = find_vllm_release(version)
-        except KeyError as e:
+            return compilation_config(self, version)
+        except (KeyError, NotExpressible) as e:
             raise ConfigError(f"to_vllm: {e.args[0]}") from None
-        sp = self.enable_sp and self.tp_size > 1
-        fused = sp and self.enable_async_tp
-        if fused and self.sp_start < self.async_tp_min_tokens:
-            raise ConfigError(
-                f"to_vllm: SP starts at {self.sp_start} tokens and AsyncTP at {self.async_tp_min_tokens}, "
-                f"but vLLM {version} fuses GEMMs with collectives wherever SP runs (one gate for both); "
-                "export a single-threshold policy (sp_min_tokens=None) or keep this config to sp_lab"
-            )
-        out: dict[str, Any] = {rel.mode_field: 3, "pass_config": {rel.sp_flag: sp, rel.async_tp_flag: fused}}
-        if not sp:
-            if self.cudagraph_mode != "none":
-                out["cudagraph_mode"] = VLLM_CUDAGRAPH_MODE[self.cudagraph_mode]
-            return out
-        start = self.sp_start
-        out["splitting_ops"] = []
-        # Piece-wise CUDA graphs would need piece boundaries: full graphs for every batch if sp_lab measured
-        # its "full" mode, else for decode batches.
-        out["cudagraph_mode"] = "FULL" if self.cudagraph_mode == "full" else "FULL_DECODE_ONLY"
-        if rel.sp_threshold_field is not None:
-            out["pass_config"][rel.sp_threshold_field] = start
-        else:
-            # The SP pass of these releases runs only on static compile sizes that tp divides: the capture
-            # sizes (padded decode batches) and powers of two up to max_num_tokens (full prefill chunks).
-            ladder = {*self.resolved_capture_sizes(), self.max_num_tokens,
-                      *(2**k for k in range(self.max_num_tokens.bit_length()) if 2**k <= self.max_num_tokens)}
-            sizes = sorted(s for s in ladder if s >= start and s % self.tp_size == 0)
-            if not sizes:
-                raise ConfigError(
-                    f"to_vllm: vLLM {version} runs SP only at static compile sizes that tp={self.tp_size} "
-                    f"divides, and none from {start} to max_num_tokens={self.max_num_tokens} is; raise "
-                    "max_num_tokens or add cudagraph_capture_sizes that tp divides"
-                )
-            out["compile_sizes"] = sizes
-        if rel.ranges_field is not None and start > 1:
-            out[rel.ranges_field] = [start - 1]  # vLLM's ranges are [1, p], [p + 1, ...]
-        return out
 
     def vllm_section(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
         """The exported file's ``vllm`` section: the release and its ``--compilation-config`` object, or
         why this config cannot be expressed for it (``not_expressible``)."""
+        from sp_lab.vllm_releases import NotExpressible, compilation_config
+
         try:
-            return {"release": version, "compilation_config": self.to_vllm(version)}
-        except ConfigError as e:
-            if str(e).startswith("to_vllm: unknown vLLM release"):
-                raise
-            return {"release": version, "not_expressible": str(e).removeprefix("to_vllm: ")}
+            return {"release": version, "compilation_config": compilation_config(self, version)}
+        except NotExpressible as e:
+            return {"release": version, "not_expressible": e.args[0]}
+        except KeyError as e:
+            raise ConfigError(f"vllm_section: {e.args[0]}") from None
 
     def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None,
                 vllm_release: str = DEFAULT_VLLM_RELEASE) -> str:

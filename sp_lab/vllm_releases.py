@@ -23,6 +23,10 @@ pass skips a piece that is not the whole layer stack.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sp_lab.config import LabConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +128,14 @@ DEFAULT_RELEASE = "2026.03"
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 """vLLM's ``CUDAGraphMode`` names (the same in all three releases)."""
 
+VLLM_CUDAGRAPH_MODE = {
+    "none": "NONE",
+    "piecewise": "PIECEWISE",
+    "full": "FULL",
+    "full_and_piecewise": "FULL_AND_PIECEWISE",
+}
+"""``LabConfig.cudagraph_mode`` -> vLLM's ``cudagraph_mode``, where vLLM keeps the piece boundaries (no SP)."""
+
 
 def release(name: str) -> VllmRelease:
     """The release called ``name``; an unknown name is an error listing the known ones."""
@@ -141,3 +153,51 @@ def unknown_fields(compilation_config: dict, name: str) -> list[str]:
     bad = [k for k in compilation_config if k not in rel.compilation_fields]
     bad += [f"pass_config.{k}" for k in compilation_config.get("pass_config", {}) if k not in rel.pass_fields]
     return bad
+
+
+class NotExpressible(ValueError):
+    """A config vLLM cannot run as sp_lab does (the message says why and what to do)."""
+
+
+def compilation_config(config: LabConfig, name: str) -> dict[str, Any]:
+    """``config`` as a ``--compilation-config`` object for release ``name`` (see ``LabConfig.to_vllm``).
+
+    Raises ``KeyError`` for an unknown release and :class:`NotExpressible` for a policy vLLM cannot run.
+    """
+    rel = release(name)
+    sp = config.enable_sp and config.tp_size > 1
+    fused = sp and config.enable_async_tp
+    if fused and config.sp_start < config.async_tp_min_tokens:
+        raise NotExpressible(
+            f"SP starts at {config.sp_start} tokens and AsyncTP at {config.async_tp_min_tokens}, but vLLM "
+            f"{name} fuses GEMMs with collectives wherever SP runs (one gate for both); export a "
+            "single-threshold policy (sp_min_tokens=None) or keep this config to sp_lab"
+        )
+    out: dict[str, Any] = {rel.mode_field: 3, "pass_config": {rel.sp_flag: sp, rel.async_tp_flag: fused}}
+    if not sp:
+        if config.cudagraph_mode != "none":
+            out["cudagraph_mode"] = VLLM_CUDAGRAPH_MODE[config.cudagraph_mode]
+        return out
+    start = config.sp_start
+    out["splitting_ops"] = []
+    # Piece-wise CUDA graphs would need piece boundaries: full graphs for every batch where sp_lab measured
+    # its "full" mode, else for decode batches.
+    out["cudagraph_mode"] = "FULL" if config.cudagraph_mode == "full" else "FULL_DECODE_ONLY"
+    if rel.sp_threshold_field is not None:
+        out["pass_config"][rel.sp_threshold_field] = start
+    else:
+        # The SP pass of these releases runs only on static compile sizes that tp divides: the capture
+        # sizes (padded decode batches) and powers of two up to max_num_tokens (full prefill chunks).
+        top = config.max_num_tokens
+        ladder = {*config.resolved_capture_sizes(), top, *(2**k for k in range(top.bit_length()) if 2**k <= top)}
+        sizes = sorted(s for s in ladder if s >= start and s % config.tp_size == 0)
+        if not sizes:
+            raise NotExpressible(
+                f"vLLM {name} runs SP only at static compile sizes that tp={config.tp_size} divides, and none "
+                f"from {start} to max_num_tokens={top} is; raise max_num_tokens or add cudagraph_capture_sizes "
+                "that tp divides"
+            )
+        out["compile_sizes"] = sizes
+    if rel.ranges_field is not None and start > 1:
+        out[rel.ranges_field] = [start - 1]  # vLLM's ranges are [1, p], [p + 1, ...]
+    return out

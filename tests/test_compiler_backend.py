@@ -192,7 +192,7 @@ def test_report_round_trips_through_json(fake):
 
 def test_saved_report_matches_a_fresh_compile(fake):
     """tests/data/report_toy_sharded.json is a real report; the viz tests and benchmarks read it."""
-    saved = CompileReport.from_json(str(REPORT_PATH))
+    saved = CompileReport.load(REPORT_PATH)
     fresh = fake["toy"]["report"]
     assert saved.provenance["backend"] == "fake" and saved.provenance["tp_size"] == TP
     assert [(r.lo, r.hi, r.enable_sp) for r in saved.ranges] == [(r.lo, r.hi, r.enable_sp) for r in fresh.ranges]
@@ -200,7 +200,7 @@ def test_saved_report_matches_a_fresh_compile(fake):
         assert saved.op_counts(n) == fresh.op_counts(n), f"stale {REPORT_PATH.name}: rerun with --write-report"
         assert saved.range_for(n).matches() == fresh.range_for(n).matches()
     sharded = saved.range_for(12).boundaries
-    assert sharded and all(any(t["sharded_after"] for t in b["tensors"]) for b in sharded)
+    assert sharded and all(any(t.sharded_after for t in b.tensors) for b in sharded)
 
 
 # -- 2 gloo ranks: numerics against eager ------------------------------------------------------------------

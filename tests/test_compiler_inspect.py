@@ -26,5 +26,5 @@ def test_meta_model_is_inspected_without_codegen_and_reports_like_a_real_compile
     assert inspected.report.op_counts(12)["fused_all_gather_matmul"] == 5
     # The residual crosses every attention boundary as a token shard, in both.
     for compiled in (inspected, real):
-        tensors = [t for b in compiled.report.range_for(12).boundaries for t in b["tensors"]]
-        assert any(t["sharded_after"] for t in tensors)
+        tensors = [t for b in compiled.report.range_for(12).boundaries for t in b.tensors]
+        assert any(t.sharded_after for t in tensors)

@@ -22,10 +22,10 @@ from torch import fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._inductor.decomposition import select_decomp_table
 
+from sp_lab.compiler.inspection import op_counts
 from sp_lab.compiler.passes.async_tp import apply_async_tp
 from sp_lab.compiler.passes.boundary import policy_for
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
-from sp_lab.compiler.report import op_counts
 from sp_lab.distributed.collectives import fake_process_group
 from sp_lab.rules import Leaf, MatmulRule, Split
 
@@ -141,7 +141,7 @@ def test_four_rms_norms_after_all_reduce_become_reduce_scatter_and_all_gather(gr
 def test_sequence_parallel_with_residual_add_keeps_the_residual_sharded(group):
     args = [torch.randn(7, HIDDEN)] + [torch.randn(HIDDEN, HIDDEN) for _ in range(2)] + [torch.randn(HIDDEN)] * 2
     seen = capture(residual_blocks, sequence_parallel, *args)
-    forms = [r["form"] for r in seen["result"].rewrites]
+    forms = [r.form for r in seen["result"].rewrites]
     # The first rewrite's residual enters full (the input); the second joins the first's sharded residual.
     assert forms == ["first", "last"], forms
     # One all_gather feeds the second matmul, one gathers the graph output; the residual itself never is.
@@ -208,8 +208,8 @@ def test_gate_warns_and_applies_the_default_when_shapes_are_unreadable(group, ca
     mm_names, decisions = seen["result"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(mm_names[0] in w and default in w for w in warnings), warnings
-    assert [c["decision"] for c in decisions.candidates] == [default]
-    assert decisions.candidates[0]["m"] is None
+    assert [c.decision for c in decisions.candidates] == [default]
+    assert decisions.candidates[0].m is None
     assert seen["after"]["fused_all_gather_matmul"] == (1 if default == "fuse" else 0), seen["after"]
 
 
@@ -218,9 +218,9 @@ def test_heuristic_is_applied_per_matmul(group):
     rule = MatmulRule(Split("n", 32.0, Leaf("no_fuse"), Leaf("fuse")))
     seen = capture(two_all_gather_matmuls, lambda g: async_tp(g, rule=rule),
                    torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 64))
-    decisions = {c["n"]: c["decision"] for c in seen["result"].candidates}
+    decisions = {c.n: c.decision for c in seen["result"].candidates}
     assert decisions == {8: "no_fuse", 64: "fuse"}
-    assert all(c["m"] == 8 for c in seen["result"].candidates)  # judged at the range's low end
+    assert all(c.m == 8 for c in seen["result"].candidates)  # judged at the range's low end
     assert seen["after"]["fused_all_gather_matmul"] == 1
     assert seen["after"]["all_gather"] == 1 and seen["after"]["mm"] == 1
 
@@ -229,5 +229,5 @@ def test_unsure_rule_answers_take_heuristic_default(group):
     seen = capture(all_gather_matmul, lambda g: async_tp(g, rule=MatmulRule.always("unsure"), default="no_fuse"),
                    torch.randn(4, 8), torch.randn(8, 16))
     (candidate,) = seen["result"].candidates
-    assert candidate["decision"] == "no_fuse" and "unsure" in candidate["why"]
+    assert candidate.decision == "no_fuse" and "unsure" in candidate.why
     assert seen["after"]["fused_all_gather_matmul"] == 0 and seen["after"]["all_gather"] == 1

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sp_lab.compiler.cudagraphs import CudaGraphPlan
-from sp_lab.config import VLLM_CUDAGRAPH_MODE, ConfigError, LabConfig, enable_sp_and_async_tp
+from sp_lab.config import ConfigError, LabConfig, enable_sp_and_async_tp
+from sp_lab.vllm_releases import VLLM_CUDAGRAPH_MODE
 
 
 def test_cudagraphs_is_a_shorthand_that_follows_the_mode():

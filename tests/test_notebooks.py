@@ -9,6 +9,7 @@ the same toy graphs are cheap. Deselect with ``-m "not notebooks"``.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -50,4 +51,10 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch):
         client.execute()
     except nbclient.exceptions.CellExecutionError as e:
         pytest.fail(f"{path.name} failed in smoke mode:\n{e}", pytrace=False)
+    # A warning raised at a line of sp_lab (e.g. a deprecated torch API it calls) prints into every
+    # notebook that runs that line, between progress bars, as an error-like block: none is allowed.
+    warned = sorted({line.strip() for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+                     if out.get("name") == "stderr" for line in out.get("text", "").splitlines()
+                     if re.search(r"sp_lab/\S+\.py:\d+: \w*Warning:", line)})
+    assert not warned, f"{path.name}: sp_lab's own code warns:\n" + "\n".join(warned)
     print(f"{path.name}: {time.perf_counter() - start:.1f} s (SP_LAB_SMOKE=1, {os.cpu_count()} CPUs)")

@@ -233,3 +233,33 @@ def test_wheel_installs_and_runs_from_another_directory(installed_wheel, tmp_pat
     # llama-3-8b: intermediate 14336 / tp 8 = 1792 input columns of down_proj's shard, hidden 4096 rows.
     assert facts["meta_device"] == "meta" and facts["down_proj_shard"] == [4096, 1792]
     assert facts["h200_rows"] > 0 and "gemm_chunking_tp8.json" in facts["h200_files"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Everything the code cites is in the repository
+
+
+def _tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    suffixes = {".py", ".md", ".ipynb", ".toml", ".yml", ".sh", ".cfg", ".txt"}
+    return [REPO / n for n in names if Path(n).suffix in suffixes or n in ("Makefile", ".ci/run")]
+
+
+def test_nothing_points_outside_the_repository():
+    """Background lives in docs/: no file names a document kept beside the checkout."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    outside = re.compile(r"BACKGROUND(\.md)?\b|\.\./shared\b|\.notes/|CONTRACTS\.md")
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()[:100]}"
+             for p in _tracked_text_files() if p.is_file() and p.name != "test_packaging.py"
+             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if outside.search(line)]
+    assert not found, "cite docs/ instead:\n" + "\n".join(found)
+
+
+def test_docs_name_only_modules_that_exist():
+    cited = {m for page in (REPO / "docs").glob("*.md") for m in re.findall(r"sp_lab/[\w/]+\.py", page.read_text())}
+    assert cited, "docs/ cite no module at all"
+    assert not [m for m in sorted(cited) if not (REPO / m).is_file()]
+    pages = {p.name for p in (REPO / "docs").glob("*.md")}
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))))
+    assert linked <= pages, f"broken links in docs/: {sorted(linked - pages)}"

@@ -197,3 +197,63 @@ def test_readers_drop_duplicates_left_by_an_interrupted_compaction(tmp_path):
     store.append(store.read())
     assert len(store.parts()) == 3
     assert store.read()["num_tokens"].sort().to_list() == [1, 2]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Claims: one measurement per point across concurrent sweeps, crash-safe
+
+KEY = ("toy", 64, 2, 2, "float32", "sp", "sharded", 8, "cpu", "gloo", "abc")
+
+
+def test_a_claimed_point_is_refused_to_others_until_released(tmp_path):
+    store = SweepStore(tmp_path / "store")
+    first = store.claim(KEY)
+    assert first is not None and first.path.parent.name == ".claims"
+    assert store.claim(KEY) is None  # another open of the claim file: the flock is held
+    other = store.claim((*KEY[:-1], "def"))  # another point is free
+    assert other is not None
+    first.release()
+    again = store.claim(KEY)
+    assert again is not None
+    again.release(), other.release()
+    first.release()  # releasing twice is harmless
+    assert store.parts() == [] and store.read().height == 0  # claims are not rows
+
+
+def test_the_claim_of_a_killed_process_is_taken_over(tmp_path):
+    store_dir = tmp_path / "store"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from sp_lab.bench.store import SweepStore
+            claim = SweepStore({str(store_dir)!r}).claim({KEY!r})
+            print("held" if claim else "refused", flush=True)
+            time.sleep(60)
+        """)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        store = SweepStore(store_dir)
+        assert store.claim(KEY) is None  # a live holder keeps it
+        assert f'"pid": {holder.pid}' in next((store_dir / ".claims").glob("*.claim")).read_text()
+        holder.kill()  # SIGKILL: no clean-up of any kind ran
+        holder.wait(timeout=10)
+        taken = store.claim(KEY)
+        assert taken is not None, "a dead process's claim must not block the point forever"
+        assert f'"pid": {os.getpid()}' in taken.path.read_text()
+        taken.release()
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+        holder.stdout.close()
+
+
+def test_a_plan_is_recorded_read_and_forgotten(tmp_path):
+    store = SweepStore(tmp_path / "store")
+    assert store.planned_points("s1") is None
+    store.record_plan("s1", 12)
+    store.record_plan("s1", 9)  # a concurrent sweep took 3 points
+    assert store.planned_points("s1") == 9 and store.parts() == []
+    store.forget_plan("s1")
+    assert store.planned_points("s1") is None

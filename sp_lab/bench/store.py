@@ -21,12 +21,21 @@ Layout::
       part-<unix_ns>-<host>-<pid>-<uuid>.parquet   one per append (usually one row)
       .part-....parquet.tmp                          being written (ignored by readers)
       quarantine/                                    corrupt parts moved aside by read(skip_corrupt=True)
+      .claims/<point id>.claim                       a lock per point while a sweep measures it
+      .plans/<sweep_id>.json                         how many points a running sweep will measure
+
+Two sweeps of the same points measure each point once: before measuring a point a sweep takes its
+claim (:meth:`SweepStore.claim`), an exclusive ``flock`` on the point's claim file, and checks again
+that no row landed meanwhile; the holder appends the row *before* letting the claim go. The kernel drops
+the lock of a process that dies, so a crashed sweep's claim is taken over by the next sweep, never stuck.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
+import json
 import numbers
 import os
 import socket
@@ -38,7 +47,7 @@ from pathlib import Path
 
 import polars as pl
 
-from sp_lab.vocabulary import SOURCES
+from sp_lab.vocabulary import MEASURED, SOURCES
 
 SCHEMA_VERSION = 2
 """Bumped whenever :data:`ROW_SCHEMA` changes; every row records the version it was written with.
@@ -117,6 +126,8 @@ KEY_COLUMNS = (
 """A row's identity for resume: a sweep skips a (key) that already has a measured row."""
 
 QUARANTINE_DIR = "quarantine"
+CLAIMS_DIR = ".claims"
+PLANS_DIR = ".plans"
 
 
 class CorruptPartError(RuntimeError):
@@ -183,6 +194,33 @@ def _check_value(i: int, column: str, value: object) -> None:
         raise ValueError(f"row {i}: column {column!r} holds {type(value).__name__} {value!r}; it takes {wanted} ({dtype})")
 
 
+def point_id(key: Sequence[object]) -> str:
+    """A file-name-safe id of a point (a :data:`KEY_COLUMNS` tuple): sha1 of its JSON, 20 hex digits."""
+    return hashlib.sha1(json.dumps([str(k) for k in key]).encode()).hexdigest()[:20]
+
+
+@dataclasses.dataclass
+class PointClaim:
+    """A held claim on one point (see :meth:`SweepStore.claim`)."""
+
+    path: Path
+    """The claim file, ``<store>/.claims/<point id>.claim``."""
+    fd: int | None
+    """The open, locked descriptor; ``None`` once released."""
+
+    def release(self) -> None:
+        """Let the point go (after its row is on disk, so whoever claims it next sees the row)."""
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor drops the flock
+            self.fd = None
+
+
+def release_claims(claims: Mapping[str, PointClaim]) -> None:
+    """Release every claim of :meth:`SweepStore.claim_points` (releasing twice is harmless)."""
+    for claim in claims.values():
+        claim.release()
+
+
 def new_row_id() -> str:
     """A fresh ``row_id`` (uuid4 hex)."""
     return uuid.uuid4().hex
@@ -221,10 +259,12 @@ def normalize_rows(rows: Sequence[Mapping[str, object]]) -> pl.DataFrame:
 class SweepStore:
     """An append-only, crash-safe, multi-writer dataset of sweep rows under ``path`` (see module doc).
 
-    >>> store = SweepStore("data/sweeps")
-    >>> store.append([row])            # one atomic part file
-    >>> df = store.read()              # every row, ROW_SCHEMA columns
-    >>> store.done_keys(source="measured", model="toy")
+    Usage (``row`` a dict of :data:`ROW_SCHEMA` columns)::
+
+        store = SweepStore("out/sweeps")
+        store.append([row])                                 # one atomic part file
+        df = store.read()                                   # every row, ROW_SCHEMA columns
+        store.done_keys(source="measured", model="toy")     # resume keys
     """
 
     path: Path
@@ -367,16 +407,78 @@ class SweepStore:
     def __len__(self) -> int:
         return self.read().height
 
+    # ------------------------------------------------------------------ coordination of concurrent sweeps
+    def claim(self, key: Sequence[object]) -> PointClaim | None:
+        """Claim the point ``key`` (a :data:`KEY_COLUMNS` tuple) for measuring, or ``None`` when a live
+        process holds it. Release with :meth:`PointClaim.release` after the row is appended.
+
+        The claim is an exclusive, non-blocking ``flock`` on ``.claims/<point id>.claim``: the kernel
+        releases it when its process ends, however it ends, so a dead sweep's claim is simply taken over.
+        Claim files are never deleted (deleting one while another process opens it would let two
+        processes lock two different files of one name).
+        """
+        import fcntl  # POSIX; sweeps run on Linux ranks
+
+        directory = self.path / CLAIMS_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{point_id(key)}.claim"
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        # Who holds it, for a person looking at a stuck sweep; the lock itself is what counts.
+        holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                             "key": [str(k) for k in key]})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+        return PointClaim(path=path, fd=fd)
+
+    def claim_points(self, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict[str, PointClaim]:
+        """Claims on those of ``keys`` (name -> point key) that no measured row and no live sweep covers.
+
+        ``done`` (keys with a measured row) is brought up to date from the parts not in ``seen`` *after*
+        claiming: a sweep appends its row before releasing its claim, so a point claimed here either has
+        no row yet or a row this read sees. Both sets are updated in place.
+        """
+        claims = {name: c for name, k in keys.items() if k not in done and (c := self.claim(k)) is not None}
+        new = self.read_new(seen)
+        done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
+        for name in [name for name in claims if keys[name] in done]:
+            claims.pop(name).release()
+        return claims
+
+    def record_plan(self, sweep_id: str, points: int) -> None:
+        """Say how many points sweep ``sweep_id`` is going to measure (read by a watcher's progress bar)."""
+        directory = self.path / PLANS_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{sweep_id}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"points": int(points)}))
+        os.replace(tmp, directory / f"{sweep_id}.json")
+
+    def planned_points(self, sweep_id: str) -> int | None:
+        """The last :meth:`record_plan` of ``sweep_id``, or ``None`` before the sweep has planned."""
+        try:
+            return int(json.loads((self.path / PLANS_DIR / f"{sweep_id}.json").read_text())["points"])
+        except FileNotFoundError:
+            return None
+
+    def forget_plan(self, sweep_id: str) -> None:
+        """Remove ``sweep_id``'s plan once nobody watches it any more."""
+        (self.path / PLANS_DIR / f"{sweep_id}.json").unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ maintenance
     def compact(self, *, stale_tmp_s: float = 3600.0) -> Path | None:
         """Merge all current parts into one part (atomically), then delete the merged parts.
 
         Safe beside writers (parts appended meanwhile are left alone) and readers (rows are
-        de-duplicated by ``row_id``). Also removes temporary files older than ``stale_tmp_s``
-        (left by crashed writers). Returns the compacted part, or None if there was nothing to merge.
+        de-duplicated by ``row_id``). Also removes temporary files and sweep plans older than
+        ``stale_tmp_s`` (left by crashed writers and watchers). Returns the compacted part, or None if
+        there was nothing to merge.
         """
         now = time.time()
-        for tmp in self.path.glob(".*.tmp"):
+        for tmp in [*self.path.glob(".*.tmp"), *self.path.glob(f"{PLANS_DIR}/*")]:
             try:
                 if now - tmp.stat().st_mtime > stale_tmp_s:
                     tmp.unlink()

@@ -34,19 +34,17 @@ import json
 import os
 import platform
 import socket
-import statistics
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.store import KEY_COLUMNS, SweepStore
-from sp_lab.bench.timing import CallSampler, median_ci
+from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
+from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.distributed.collectives import rehearsal_device
 from sp_lab.vocabulary import (
     BASELINE,
@@ -59,18 +57,20 @@ from sp_lab.vocabulary import (
     VARIANTS,
 )
 
+if TYPE_CHECKING:
+    from sp_lab.compiler.backend import CompiledModel
+    from sp_lab.compiler.report import CompileReport
+    from sp_lab.config import LabConfig
+
 DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
-
-CI_LEVEL = 0.95
-"""Confidence level of the interval recorded around every median (``ci_low_us`` / ``ci_high_us``)."""
 
 MISSING_SUFFIX = " [fusion missing]"
 """Appended to ``reported_variant`` when the variant's transformation did not run."""
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> Any:
+def variant_config(variant: str, config: LabConfig, *, tp_size: int | None = None) -> LabConfig:
     """The :class:`LabConfig` that ``variant`` measures, derived from ``config`` (which is not changed).
 
     ``tp_size`` (the sweep's world size) overrides ``config.tp_size`` when given. The reference variants
@@ -89,7 +89,7 @@ def variant_config(variant: str, config: Any, *, tp_size: int | None = None) -> 
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
 
 
-def config_hash(config: Any) -> str:
+def config_hash(config: LabConfig) -> str:
     """A short, stable hash of a config's JSON form (12 hex digits): part of a row's resume key."""
     text = json.dumps(config.to_dict(), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -107,7 +107,7 @@ class Expectation:
     """Why an expectation is off where one might assume it on."""
 
 
-def expectation(config: Any, num_tokens: int) -> Expectation:
+def expectation(config: LabConfig, num_tokens: int) -> Expectation:
     """What ``config`` should do at ``num_tokens`` tokens, from the config's own compile-range gates.
 
     SP is expected where :meth:`LabConfig.sp_active_for` says so for the range serving ``num_tokens``
@@ -183,15 +183,6 @@ def _device_count(device: torch.device) -> int:
     return len(set(everyone))
 
 
-def _broadcast(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (identity without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -218,6 +209,8 @@ class SweepResult:
     """Where the rows went."""
     sweep_id: str
     """The ``sweep_id`` of the rows written by this call."""
+    elsewhere: int = 0
+    """Points a concurrent sweep of the same store claimed first and measured (never measured twice)."""
 
     @property
     def fusion_missing(self) -> list[dict[str, Any]]:
@@ -240,7 +233,7 @@ def run_sweep(
     *,
     token_counts: Sequence[int],
     store_dir: str | os.PathLike,
-    config: Any = None,
+    config: LabConfig | None = None,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     tp_size: int | None = None,
     dtype: str | torch.dtype = "float32",
@@ -329,7 +322,7 @@ def run_sweep(
     device = torch.device(device) if device is not None else _default_device(backend)
     build_fn = build_fn or _default_build
     compile_fn = compile_fn or _default_compile
-    sweep_id = _broadcast(sweep_id or uuid.uuid4().hex)
+    sweep_id = broadcast(sweep_id or uuid.uuid4().hex)
     store = SweepStore(Path(store_dir))
 
     model = build_fn(
@@ -365,7 +358,8 @@ def run_sweep(
     plan = {v: variant_config(v, config, tp_size=world) for v in variants}
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
-    done = _broadcast(store.done_keys(source=source) if rank == 0 else None)
+    seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
+    done = broadcast(store.done_keys(source=source) if rank == 0 else None)
 
     def key(variant: str, t: int) -> tuple:
         cfg = plan[variant]
@@ -376,22 +370,40 @@ def run_sweep(
     pending = {t: [v for v in variants if key(v, t) not in done] for t in tokens}
     pending = {t: vs for t, vs in pending.items() if vs}
     skipped = len(plan) * len(tokens) - sum(len(vs) for vs in pending.values())
-    bar = _progress_bar(total=len(plan) * len(tokens), initial=skipped, enabled=progress and rank == 0)
+    planned, elsewhere, claims = len(plan) * len(tokens) - skipped, 0, {}
+    if rank == 0:
+        store.record_plan(sweep_id, planned)
+    # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
+    bar = _progress_bar(total=planned, enabled=progress and rank == 0)
     written: list[dict[str, Any]] = []
     # Every variant with work left is compiled up front: interleaving needs them all at hand.
     needed = [v for v in variants if any(v in vs for vs in pending.values())]
     compiled = {v: compile_fn(model, plan[v]) for v in needed}
-    stop = _StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
+    stop = StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
                      points_left=len(pending))
     try:
         for t, todo in pending.items():
+            # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
+            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
+            claimed = broadcast(list(claims) if rank == 0 else None)
+            if len(claimed) < len(todo):
+                elsewhere += len(todo) - len(claimed)
+                if rank == 0:
+                    store.record_plan(sweep_id, planned - elsewhere)
+                if bar is not None:
+                    bar.total = planned - elsewhere
+                    bar.refresh()
+                if not claimed:
+                    stop.points_left -= 1
+                    continue
+            todo = claimed
             if bar is not None:
                 bar.set_description(f"T={t}: {', '.join(todo)}")
             # same seed on every rank: TP ranks must see the same tokens
             gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
             input_ids = torch.randint(0, spec.vocab_size, (t,), generator=gen).to(device)
             with torch.no_grad():
-                timings = _interleave(
+                timings = interleave(
                     {v: functools.partial(compiled[v], input_ids) for v in todo},
                     device=device, warmup=warmup, cuda_graph=cuda_graph, stop=stop,
                 )
@@ -404,117 +416,26 @@ def run_sweep(
                         on_row(row)
                 if bar is not None:
                     bar.update(1)
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
         if reports_dir is not None and rank == 0:
             Path(reports_dir).mkdir(parents=True, exist_ok=True)
             for v in needed:
                 (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
     finally:
+        release_claims(claims)
         if bar is not None:
             bar.close()
-    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id)
-
-
-@dataclasses.dataclass(frozen=True)
-class PointTiming:
-    """What :func:`_interleave` measured for one variant at one token count (step latencies, us)."""
-
-    samples_us: tuple[float, ...]
-    """One per call: the slowest rank's time for that call."""
-    method: str
-    """How the calls were timed (``perf_counter``, ``cuda_events``, ``cuda_graph``)."""
-    note: str
-    """Timing fallbacks (e.g. why CUDA-graph capture failed) and why the rounds stopped."""
-
-    def summary(self) -> dict[str, float]:
-        """median, p10, p90 and the median's 95% interval, as row columns."""
-        ordered = sorted(self.samples_us)
-        deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
-        lo, hi = median_ci(ordered, CI_LEVEL)
-        return {"latency_us": statistics.median(ordered), "p10_us": deciles[0], "p90_us": deciles[-1],
-                "ci_low_us": lo, "ci_high_us": hi}
-
-
-@dataclasses.dataclass
-class _StopRule:
-    """When a token count's interleaved rounds stop: narrow enough intervals, or its share of the budget."""
-
-    repeats: int
-    max_repeats: int
-    ci_width: float
-    budget_s: float | None
-    points_left: int
-    spent_s: float = 0.0
-
-    def share_s(self) -> float | None:
-        """Seconds this token count may spend (the budget left, shared by the token counts left)."""
-        if self.budget_s is None:
-            return None
-        return max(self.budget_s - self.spent_s, 0.0) / max(self.points_left, 1)
-
-    def reason(self, samples: Mapping[str, list[float]], elapsed_s: float, share_s: float | None) -> str | None:
-        """Why to stop now, or ``None`` to go on."""
-        n = min(len(s) for s in samples.values())
-        if n < self.repeats:
-            return None
-        widths = []
-        for s in samples.values():
-            lo, hi = median_ci(s, CI_LEVEL)
-            widths.append((hi - lo) / statistics.median(s))
-        if max(widths) <= self.ci_width:
-            return f"intervals within {self.ci_width:.0%} of the medians after {n} rounds"
-        if n >= self.max_repeats:
-            return f"max_repeats={self.max_repeats} reached; widest interval {max(widths):.0%} of its median"
-        if share_s is not None and elapsed_s >= share_s:
-            return f"time budget spent after {n} rounds; widest interval {max(widths):.0%} of its median"
-        return None
-
-
-def _interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.device, warmup: int,
-                cuda_graph: bool, stop: _StopRule) -> dict[str, PointTiming]:
-    """Time ``calls`` (variant -> callable at one token count) in rotating turns until ``stop`` says so.
-
-    Collective: every rank calls it with the same variants. Each round times one call of every variant,
-    the order shifted by one each round; the slowest rank's time per call is the step's. Rank 0's clock
-    and decision are broadcast, so every rank leaves the loop after the same round.
-    """
-    names = list(calls)
-    for fn in calls.values():
-        fn()  # the first call compiles the range; never timed
-    samplers = {v: CallSampler(fn, device=device, warmup=warmup, cuda_graph=cuda_graph)
-                for v, fn in calls.items()}
-    steps: dict[str, list[float]] = {v: [] for v in names}
-    share, start, rounds, why = stop.share_s(), time.monotonic(), 0, None
-    while why is None:
-        order = names[rounds % len(names):] + names[:rounds % len(names)]
-        mine = {v: samplers[v].sample() for v in order}
-        for v, us in _slowest_rank(mine).items():
-            steps[v].append(us)
-        rounds += 1
-        why = _broadcast(stop.reason(steps, time.monotonic() - start, share))
-    for sampler in samplers.values():
-        sampler.finish()
-    stop.spent_s += time.monotonic() - start
-    stop.points_left -= 1
-    return {v: PointTiming(samples_us=tuple(steps[v]), method=samplers[v].method,
-                           note="; ".join(n for n in (samplers[v].note, why) if n)) for v in names}
-
-
-def _slowest_rank(mine: dict[str, float]) -> dict[str, float]:
-    """Per variant, the largest of the ranks' times for this round's call (identity without a group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return mine
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return {v: max(r[v] for r in everyone) for v in mine}
+    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
+                       elsewhere=elsewhere)
 
 
 def _row(
     base: dict[str, Any],
     variant: str,
-    cfg: Any,
+    cfg: LabConfig,
     num_tokens: int,
     timing: PointTiming,
-    report: Any,
+    report: CompileReport,
 ) -> dict[str, Any]:
     """One store row: provenance + timing + what the compile report says ran at ``num_tokens``."""
     counts = report.op_counts(num_tokens)
@@ -556,12 +477,14 @@ def _row(
     }
 
 
-def _progress_bar(*, total: int, initial: int, enabled: bool):
+def _progress_bar(*, total: int | None, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="pt", desc="sweep", dynamic_ncols=True)
+    # A point's time is mostly the compile of its range on first use, then seconds: weigh the latest
+    # intervals (smoothing 0.9, tqdm's default 0.3) so one compile does not drive the ETA for long.
+    return tqdm(total=total, unit="pt", desc="sweep", dynamic_ncols=True, smoothing=0.9)
 
 
 def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
@@ -570,7 +493,7 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
     return build(model_name, **kwargs)
 
 
-def _default_compile(model: torch.nn.Module, config: Any) -> Any:
+def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
     import sp_lab
 
     return sp_lab.compile(model, config)
@@ -623,12 +546,20 @@ def launch_sweep(
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
-    total = len(list(variants)) * len(_check_token_counts(token_counts))
-    bar = _progress_bar(total=total, initial=0, enabled=progress)
+    _check_token_counts(token_counts)
+    # The total is what rank 0 plans to measure (after resume, minus points a concurrent sweep takes),
+    # read from the store as it says; unknown until the ranks are up.
+    bar = _progress_bar(total=None, enabled=progress)
     stop = threading.Event()
     watcher_error: list[BaseException] = []
 
     def deliver() -> None:
+        planned = store.planned_points(sweep_id) if bar is not None else None
+        if planned is not None and planned != bar.total:
+            if bar.total is None:
+                bar.reset(total=planned)  # the clock starts when measuring starts, not at rank start-up
+            bar.total = planned
+            bar.refresh()
         new = store.read_new(seen)
         for row in new.filter(new["sweep_id"] == sweep_id).iter_rows(named=True):
             if bar is not None:
@@ -665,6 +596,7 @@ def launch_sweep(
         thread.join()
         if not watcher_error:
             deliver()  # rows that landed after the watcher's last look
+        store.forget_plan(sweep_id)
         if bar is not None:
             bar.close()
     if watcher_error:
@@ -672,4 +604,6 @@ def launch_sweep(
     result: SweepResult = results[0]
     if bar is not None and result.skipped:
         print(f"resumed: {result.skipped} point(s) already in {store.path} were not measured again")
+    if bar is not None and result.elsewhere:
+        print(f"{result.elsewhere} point(s) were measured by a concurrent sweep of {store.path}, not here")
     return result

@@ -1,217 +1,266 @@
-"""CompileReport: what the compiler did, per token range and per piece, as plain JSON-able data.
+"""CompileReport: what the compiler did, per token range, Dynamo graph and piece, as typed records.
 
-It is the data behind the graph explorer (``sp_lab.viz.graph``) and the provenance of every sweep row: how
-many SP rewrites and fused ops really ran for the range that served a token count.
+This module is the contract between the compiler and everything that reads its output (the graph explorer,
+sweeps, widgets, tests): small frozen dataclasses that the passes fill while they run, their JSON form, and
+one strict loader. It imports no torch, so a report saved on a GPU box can be read anywhere.
+
+Counting ops in a graph, snapshotting it and fingerprinting it are in ``sp_lab.compiler.inspection``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import enum
+import functools
+import gzip
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-from torch import fx
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 __all__ = [
-    "COUNTED_OPS",
+    "COLLECTIVE_KEYS",
+    "FUSED_KEYS",
+    "MATCH_KEYS",
+    "OP_KEYS",
+    "SCHEMA",
+    "SP_MATCH_KEYS",
+    "Boundary",
+    "BoundaryCrossing",
     "BoundaryFailure",
     "CompileReport",
+    "CopyEvent",
+    "CountKey",
+    "DynamoGraph",
+    "FusionDecision",
+    "GraphSnapshot",
+    "NodeRecord",
+    "PieceOutput",
     "PieceRecord",
     "RangeReport",
     "ReportError",
-    "graph_snapshot",
-    "op_counts",
-    "shape_json",
-    "structural_fingerprint",
+    "SPRewrite",
+    "TensorSpec",
+    "record_from_json",
+    "record_to_json",
 ]
 
-SCHEMA = "sp_lab.compile_report/1"
+SCHEMA = "sp_lab.compile_report/2"
+_SCHEMA_V1 = "sp_lab.compile_report/1"
+_R = TypeVar("_R")
 
-# Report key -> qualified op names counted under it (sp_lab's CPU ops and PyTorch's CUDA kernels alike).
-COUNTED_OPS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("_c10d_functional::all_reduce",),
-    "reduce_scatter": ("_c10d_functional::reduce_scatter_tensor",),
-    "all_gather": ("_c10d_functional::all_gather_into_tensor",),
-    "fused_all_gather_matmul": ("sp_lab::fused_all_gather_matmul", "symm_mem::fused_all_gather_matmul"),
-    "fused_matmul_reduce_scatter": ("sp_lab::fused_matmul_reduce_scatter", "symm_mem::fused_matmul_reduce_scatter"),
-    "mm": ("aten::mm", "aten::addmm"),
-}
-_KEY_OF = {name: key for key, names in COUNTED_OPS.items() for name in names}
-_NORM_OPS = {"aten::rsqrt", "aten::mean", "aten::var_mean", "aten::native_layer_norm", "aten::rms_norm"}
+Shape = tuple[int | str, ...]
+"""A tensor's shape: ints, or symbolic sizes written as strings (``"s0"``, ``"((s0 + 1)//2)"``)."""
 
 
-def _qualified(target: Any) -> str | None:
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name
-    return None
+class CountKey(enum.StrEnum):
+    """Every key a report counts by: ops found in a graph and matches made by the passes.
 
-
-def op_counts(graph: fx.Graph) -> dict[str, int]:
-    """Counts of the collectives, fused ops and matmuls in ``graph`` (keys of :data:`COUNTED_OPS`)."""
-    counts = dict.fromkeys(COUNTED_OPS, 0)
-    for node in graph.nodes:
-        key = _KEY_OF.get(_qualified(node.target)) if node.op == "call_function" else None
-        if key:
-            counts[key] += 1
-    return counts
-
-
-def node_kind(node: fx.Node, splitting_ops: frozenset[str] = frozenset()) -> str:
-    """The explorer's colour class of a node."""
-    if node.op == "placeholder":
-        return "input"
-    if node.op == "output":
-        return "output"
-    name = _qualified(node.target) or ""
-    key = _KEY_OF.get(name)
-    if key in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter"):
-        return "fused"
-    if key == "mm":
-        return "matmul"
-    if name.startswith("_c10d_functional::"):
-        return "collective"
-    if name in splitting_ops:
-        return "split"
-    if name in _NORM_OPS:
-        return "norm"
-    return "other"
-
-
-def shape_json(value: Any) -> list[int | str] | None:
-    """A tensor's shape as ints and symbolic expressions (strings), or None for non-tensors."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    return [int(s) if isinstance(s, int) else str(s) for s in value.shape]
-
-
-def _target_str(node: fx.Node) -> str:
-    name = _qualified(node.target)
-    if name is not None:
-        overload = getattr(node.target, "_overloadname", "")
-        return f"{name.replace('::', '.')}.{overload}" if overload else name.replace("::", ".")
-    return getattr(node.target, "__name__", str(node.target))
-
-
-def graph_snapshot(graph: fx.Graph, splitting_ops: frozenset[str] = frozenset()) -> dict[str, list]:
-    """Nodes (name, op, target, kind, shape, dtype, module, source) and edges of ``graph``, for the explorer."""
-    nodes, edges = [], []
-    for node in graph.nodes:
-        val = node.meta.get("val")
-        nodes.append(
-            {
-                "name": node.name,
-                "op": node.op,
-                "target": _target_str(node),
-                "kind": node_kind(node, splitting_ops),
-                "shape": shape_json(val),
-                "dtype": str(val.dtype).removeprefix("torch.") if isinstance(val, torch.Tensor) else None,
-                "module": _module_path(node),
-                "source": _source_line(node),
-            }
-        )
-        edges.extend([src.name, node.name] for src in node.all_input_nodes)
-    return {"nodes": nodes, "edges": edges}
-
-
-def _module_path(node: fx.Node) -> str | None:
-    """The model's name for where ``node`` comes from (``model.layers.0.mlp.down_proj``), from Dynamo's
-    ``nn_module_stack`` (innermost module; Dynamo's ``L['self'].`` prefix dropped)."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = str(list(stack.values())[-1][0])
-    for prefix in ("L['self'].", "L['self']", "self."):
-        path = path.removeprefix(prefix)
-    return path or None
-
-
-def _source_line(node: fx.Node) -> str | None:
-    """The innermost frame of the node's stack trace as ``"layers.py:57  return F.linear(x, w)"``."""
-    trace = node.meta.get("stack_trace")
-    if not trace:
-        return None
-    lines = trace.rstrip().splitlines()
-    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
-    if not frames:
-        return None
-    head = lines[frames[-1]].strip()  # File "/path/layers.py", line 57, in forward
-    code = lines[frames[-1] + 1].strip() if frames[-1] + 1 < len(lines) else ""
-    try:
-        file = head.split('"')[1].rsplit("/", 1)[-1]
-        line = head.split(", line ")[1].split(",")[0]
-    except IndexError:
-        return head
-    return f"{file}:{line}  {code}"
-
-
-def structural_fingerprint(gm: fx.GraphModule, example_inputs: list[Any]) -> str:
-    """A hash of a piece's structure and input shapes, blind to node names and weights.
-
-    Two decoder layers' pieces differ only in which weights they read -- and weights are graph inputs -- so
-    they share a fingerprint and one compiled artifact serves both.
+    The values are the JSON keys of ``op_counts_before`` / ``op_counts_after`` (:data:`OP_KEYS`) and of
+    ``matches`` (:data:`MATCH_KEYS`).
     """
-    index = {node: i for i, node in enumerate(gm.graph.nodes)}
 
-    def arg_repr(arg: Any) -> Any:
-        return fx.node.map_aggregate(arg, lambda a: f"%{index[a]}" if isinstance(a, fx.Node) else repr(a))
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    FUSED_ALL_GATHER_MATMUL = "fused_all_gather_matmul"
+    FUSED_MATMUL_REDUCE_SCATTER = "fused_matmul_reduce_scatter"
+    MM = "mm"
+    SP_FIRST = "sp_first"
+    SP_MIDDLE = "sp_middle"
+    SP_LAST = "sp_last"
+    ASYNC_TP_AG_MM = "async_tp_ag_mm"
+    ASYNC_TP_MM_RS = "async_tp_mm_rs"
+    BOUNDARY_GATHER = "boundary_gather"
+    BOUNDARY_ERASE = "boundary_erase"
 
-    parts = [
-        (node.op, _target_str(node) if node.op == "call_function" else node.op, arg_repr(node.args), arg_repr(node.kwargs))
-        for node in gm.graph.nodes
-    ]
-    parts.append([(shape_json(x), str(getattr(x, "dtype", type(x).__name__))) for x in example_inputs])
-    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+K = CountKey
+OP_KEYS = (K.ALL_REDUCE, K.REDUCE_SCATTER, K.ALL_GATHER, K.FUSED_ALL_GATHER_MATMUL, K.FUSED_MATMUL_REDUCE_SCATTER, K.MM)
+"""Ops counted in a piece's graph (``op_counts_before`` / ``op_counts_after``)."""
+COLLECTIVE_KEYS = OP_KEYS[:5]
+"""Collectives, plain and fused with a matmul."""
+FUSED_KEYS = (K.FUSED_ALL_GATHER_MATMUL, K.FUSED_MATMUL_REDUCE_SCATTER)
+MATCH_KEYS = (K.SP_FIRST, K.SP_MIDDLE, K.SP_LAST, K.ASYNC_TP_AG_MM, K.ASYNC_TP_MM_RS, K.BOUNDARY_GATHER, K.BOUNDARY_ERASE)
+"""What the passes matched in a piece (``matches``)."""
+SP_MATCH_KEYS = (K.SP_FIRST, K.SP_MIDDLE, K.SP_LAST)
+del K
+
+
+_IN_JSON = {"required": True}  # field metadata: a saved report must have it, though code may start it empty
 
 
 class ReportError(ValueError):
     """A saved CompileReport is malformed; the message names the field's path (``ranges[1].pieces[0].lo``)."""
 
 
-@dataclass
+# -- records ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named graph input as compiled: shape and dtype (both None for non-tensors such as a SymInt)."""
+
+    name: str
+    shape: Shape | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One FX node of a piece snapshot, for the explorer: ``op · module · shape``, source on hover."""
+
+    name: str
+    op: str  # placeholder | call_function | output | ...
+    target: str  # "aten.mm.default"
+    kind: str  # input | output | collective | fused | matmul | norm | split | other
+    shape: Shape | None = None
+    dtype: str | None = None
+    module: str | None = None  # module path from nn_module_stack ("model.layers.3.mlp"); None: the root
+    source: str | None = None  # the model's line that made it: "layers.py:57  return F.linear(x, w)"
+
+
+@dataclass(frozen=True)
+class GraphSnapshot:
+    """A piece's graph: nodes in order and (producer, consumer) edges by node name."""
+
+    nodes: tuple[NodeRecord, ...] = ()
+    edges: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class PieceOutput:
+    """A piece output's shape before and after the passes (they differ where SP left a token shard)."""
+
+    index: int
+    shape: Shape | None
+    shape_before: Shape | None
+
+
+@dataclass(frozen=True)
+class FusionDecision:
+    """One AsyncTP candidate and what the gate decided (``m`` is the range's low end; None: unreadable)."""
+
+    pattern: Literal["all_gather_matmul", "matmul_reduce_scatter"]
+    m: int | None
+    n: int | None
+    k: int | None
+    decision: Literal["fuse", "no_fuse"]
+    why: str
+
+
+@dataclass(frozen=True)
+class SPRewrite:
+    """One ``all_reduce -> norm`` rewritten into ``reduce_scatter -> norm on the shard -> all_gather``."""
+
+    all_reduce: str  # the rewritten node's name
+    form: Literal["first", "middle", "last"]
+
+
+@dataclass(frozen=True)
+class CopyEvent:
+    """An epilogue ``copy_(dst, src)`` whose source became a token shard, and what the boundary policy did."""
+
+    target: str  # the graph input the copy writes (the in-place residual)
+    dst_shape: Shape | None
+    src_shape: Shape | None
+    action: Literal["kept", "erased", "gathered"]
+
+
+@dataclass(frozen=True)
+class BoundaryCrossing:
+    """A tensor made before a splitting op and used at or after it.
+
+    ``name`` is the model's own name for it (the variable its next user's code reads, e.g. ``residual``,
+    ``positions``), the same in every boundary strategy; ``node`` is the FX node as split; ``module`` and
+    ``source`` say where it was made.
+    """
+
+    name: str
+    dtype: str
+    shape_before: Shape | None  # without SP (what the in-piece strategies compile the next piece for)
+    shape_after: Shape | None  # what really crosses after the passes
+    sharded_before: bool
+    sharded_after: bool
+    bytes_per_token_after: float | None
+    node: str | None = None
+    module: str | None = None
+    source: str | None = None  # "layers.py:296  return funcol.all_reduce(out, ...)", as NodeRecord.source
+    producer_piece: int | None = None  # the piece that made it (an earlier one than after_piece, for positions)
+    producer_output: int | None = None  # index into that piece's outputs
+    consumer_inputs: tuple[tuple[int, int], ...] = ()  # (piece index, index among its inputs), every user after
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One splitting op and every tensor crossing it."""
+
+    index: int
+    after_piece: int
+    before_piece: int
+    tensors: tuple[BoundaryCrossing, ...] = ()
+    splitting_op: str | None = None
+
+
+@dataclass(frozen=True)
 class BoundaryFailure:
     """A piece boundary that SP broke (strategy ``none``)."""
 
     piece: int
     tensor: str
-    check: str  # "assert_size_stride" | "copy_epilogue"
-    expected_shape: list | None
-    actual_shape: list | None
+    check: Literal["assert_size_stride", "copy_epilogue"]
+    expected_shape: Shape | None
+    actual_shape: Shape | None
     message: str
     lo: int | None = None
     hi: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PieceRecord:
+    """One piece of a range: a compiled submodule (what the passes saw and did) or an eager splitting op."""
+
     index: int
     name: str
-    kind: str  # "compiled" | "splitting_op"
+    kind: Literal["compiled", "splitting_op"]
     op: str | None = None
     compile_time_s: float = 0.0
     cache_hit: bool | None = None  # served by an identical piece compiled earlier in this range
     inductor_cache_hit: bool | None = None  # Inductor's FX-graph cache served the compile
-    matches: dict[str, int] = field(default_factory=dict)
-    op_counts_before: dict[str, int] = field(default_factory=dict)
-    op_counts_after: dict[str, int] = field(default_factory=dict)
-    graph_before: dict | None = None
-    graph_after: dict | None = None
-    changed: list[str] = field(default_factory=list)
+    matches: dict[CountKey, int] = field(default_factory=dict)
+    op_counts_before: dict[CountKey, int] = field(default_factory=dict)
+    op_counts_after: dict[CountKey, int] = field(default_factory=dict)
+    graph_before: GraphSnapshot | None = None
+    graph_after: GraphSnapshot | None = None
+    changed: tuple[str, ...] = ()  # nodes the passes added
     fingerprint: str | None = None
-    inputs: list[dict] = field(default_factory=list)  # {"name", "shape", "dtype"} as compiled
-    outputs: list[dict] = field(default_factory=list)  # {"name", "shape", "dtype", "shape_before", "sharded"}
-    async_tp_decisions: list[dict] = field(default_factory=list)
-    erased_copies: list[dict] = field(default_factory=list)
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[PieceOutput, ...] = ()
+    async_tp_decisions: tuple[FusionDecision, ...] = ()
+    sp_rewrites: tuple[SPRewrite, ...] = ()
+    copies: tuple[CopyEvent, ...] = ()
+
+    @property
+    def erased_copies(self) -> tuple[CopyEvent, ...]:
+        return tuple(c for c in self.copies if c.action == "erased")
+
+
+@dataclass(frozen=True)
+class DynamoGraph:
+    """One graph Dynamo captured and handed to sp_lab (a model usually gives two: 1 token, and symbolic)."""
+
+    index: int
+    static_tokens: int | None  # the token count Dynamo specialised this graph to; None: symbolic
+    capture_time_s: float  # from the call that triggered the capture to the graph reaching sp_lab
 
 
 @dataclass
 class RangeReport:
+    """The artifact of one token range compiled from one Dynamo graph (filled while it compiles)."""
+
     lo: int
     hi: int
     enable_sp: bool
@@ -221,60 +270,72 @@ class RangeReport:
     compiled: bool = False
     compile_time_s: float = 0.0
     pieces: list[PieceRecord] = field(default_factory=list)
-    boundaries: list[dict] = field(default_factory=list)
+    boundaries: list[Boundary] = field(default_factory=list)
     failures: list[BoundaryFailure] = field(default_factory=list)
+    dynamo_graph: int | None = None  # index into CompileReport.graphs; None: not compiled yet
+    static_tokens: int | None = None  # copied from that graph: the one token count this artifact serves
+
+    def serves(self, num_tokens: int) -> bool:
+        return self.lo <= num_tokens <= self.hi and self.static_tokens in (None, num_tokens)
 
     @property
-    def erased_copies(self) -> list[dict]:
-        return [dict(e, piece=p.index) for p in self.pieces for e in p.erased_copies]
+    def erased_copies(self) -> list[tuple[int, CopyEvent]]:
+        """(piece index, copy) for every copy ``gather_erase`` erased."""
+        return [(p.index, c) for p in self.pieces for c in p.erased_copies]
 
     @property
     def numerically_unsafe(self) -> bool:
         """True when ``gather_erase`` erased a copy: an in-place residual update may have been dropped."""
         return bool(self.erased_copies)
 
-    def op_counts(self) -> dict[str, int]:
+    def op_counts(self) -> dict[CountKey, int]:
         """Ops in the compiled pieces after all passes (identical pieces counted once per use)."""
-        total = dict.fromkeys(COUNTED_OPS, 0)
-        for piece in self.pieces:
-            for key, count in piece.op_counts_after.items():
-                total[key] = total.get(key, 0) + count
-        return total
+        return _sum_counts(OP_KEYS, (p.op_counts_after for p in self.pieces))
 
-    def matches(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for piece in self.pieces:
-            for key, count in piece.matches.items():
-                total[key] = total.get(key, 0) + count
-        return total
+    def matches(self) -> dict[CountKey, int]:
+        return {k: v for k, v in _sum_counts(MATCH_KEYS, (p.matches for p in self.pieces)).items() if v}
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["erased_copies"] = self.erased_copies
+        d = _to_json(self)
+        # Derived, written for readers of the raw JSON; recomputed on load.
+        d["erased_copies"] = [dict(_to_json(c), piece=i) for i, c in self.erased_copies]
         d["numerically_unsafe"] = self.numerically_unsafe
         return d
 
 
+def _sum_counts(keys: tuple[CountKey, ...], counts: typing.Iterable[dict[CountKey, int]]) -> dict[CountKey, int]:
+    total = dict.fromkeys(keys, 0)
+    for c in counts:
+        for key, n in c.items():
+            total[CountKey(key)] = total.get(CountKey(key), 0) + n
+    return total
+
+
 @dataclass
 class CompileReport:
-    """Requested and effective configuration, provenance, and one :class:`RangeReport` per token range."""
+    """Requested and effective configuration, provenance, the Dynamo graphs, and one :class:`RangeReport` per
+    token range and Dynamo graph (ranges not compiled yet are listed once, ``compiled=False``)."""
 
     requested: dict[str, Any]
     effective: dict[str, Any]
     provenance: dict[str, Any]
     model: dict[str, Any] = field(default_factory=dict)
-    ranges: list[RangeReport] = field(default_factory=list)
+    ranges: list[RangeReport] = field(default_factory=list, metadata=_IN_JSON)
+    graphs: list[DynamoGraph] = field(default_factory=list)
 
     def range_for(self, num_tokens: int) -> RangeReport:
-        for rng in self.ranges:
-            if rng.lo <= num_tokens <= rng.hi:
-                return rng
-        raise ValueError(
-            f"num_tokens={num_tokens} is outside every compile range "
-            f"{[(r.lo, r.hi) for r in self.ranges]}"
-        )
+        """The entry serving ``num_tokens``: a graph Dynamo specialised to that count, else the symbolic one."""
+        entries = [r for r in self.ranges if r.lo <= num_tokens <= r.hi]
+        if not entries:
+            raise ValueError(
+                f"num_tokens={num_tokens} is outside every compile range "
+                f"{sorted({(r.lo, r.hi) for r in self.ranges})}"
+            )
+        compiled = [r for r in entries if r.compiled]
+        return next((r for r in compiled if r.static_tokens == num_tokens),
+                    next((r for r in compiled if r.static_tokens is None), entries[0]))
 
-    def op_counts(self, num_tokens: int) -> dict[str, int]:
+    def op_counts(self, num_tokens: int) -> dict[CountKey, int]:
         """Collectives and fused ops in the compiled pieces (after all passes) of the range serving ``num_tokens``.
 
         Raises if that range has not been compiled yet (call the model with such a token count first).
@@ -289,15 +350,20 @@ class CompileReport:
 
     def sp_rewrites(self, num_tokens: int) -> int:
         matches = self.range_for(num_tokens).matches()
-        return sum(matches.get(k, 0) for k in ("sp_first", "sp_middle", "sp_last"))
+        return sum(matches.get(k, 0) for k in SP_MATCH_KEYS)
 
     def fusion_fired(self, num_tokens: int) -> bool:
         counts = self.op_counts(num_tokens)
-        return counts["fused_all_gather_matmul"] + counts["fused_matmul_reduce_scatter"] > 0
+        return sum(counts[k] for k in FUSED_KEYS) > 0
 
     @property
     def failures(self) -> list[BoundaryFailure]:
         return [f for rng in self.ranges for f in rng.failures]
+
+    @property
+    def compile_time_s(self) -> float:
+        """Everything sp_lab's compiles took: Dynamo's captures plus every range of every graph."""
+        return sum(g.capture_time_s for g in self.graphs) + sum(r.compile_time_s for r in self.ranges)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -306,129 +372,288 @@ class CompileReport:
             "requested": self.requested,
             "effective": self.effective,
             "provenance": self.provenance,
+            "graphs": [_to_json(g) for g in self.graphs],
             "ranges": [r.to_dict() for r in self.ranges],
-            "failures": [dataclasses.asdict(f) for f in self.failures],
+            "failures": [_to_json(f) for f in self.failures],  # derived, as in RangeReport.to_dict
         }
 
-    def to_json(self, path: str | None = None) -> str:
+    def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=1)
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            Path(path).write_text(text)
         return text
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CompileReport:
-        """Inverse of :meth:`to_dict`. A malformed report raises :class:`ReportError` (a ``ValueError``) naming
-        the field's path (e.g. ``ranges[1].pieces[0].op_counts_after``), what it should hold and what it holds."""
+    def from_dict(cls, d: Any) -> CompileReport:
+        """Inverse of :meth:`to_dict` (older schemas migrated). A malformed report raises :class:`ReportError`
+        (a ``ValueError``) naming the field's path (e.g. ``ranges[1].pieces[0].op_counts_after``), what it
+        should hold and what it holds."""
         if not isinstance(d, dict):
             raise ReportError(f"compile report: expected a JSON object, got {_json_kind(d)}")
-        if d.get("schema") != SCHEMA:
-            raise ReportError(f"not an sp_lab compile report: schema {d.get('schema')!r}, expected {SCHEMA!r}")
-        _check_keys(d, "", required=("requested", "effective", "provenance", "ranges"),
-                    allowed=("schema", "model", "failures"))  # fmt: skip
-        for key in ("requested", "effective", "provenance", "model"):
-            if key in d:
-                _check_json_type(key, d[key], dict)
-        _check_json_type("ranges", d["ranges"], list)
-        ranges = [
-            _dataclass_from_dict(
-                RangeReport,
-                r,
-                f"ranges[{i}]",
-                derived=("erased_copies", "numerically_unsafe"),  # recomputed from the pieces
-                nested={"pieces": PieceRecord, "failures": BoundaryFailure},
+        schema = d.get("schema")
+        if schema == _SCHEMA_V1:
+            d = _migrate_v1(d)
+        elif schema != SCHEMA:
+            raise ReportError(
+                f"not an sp_lab compile report: schema {schema!r}, expected {SCHEMA!r} (or {_SCHEMA_V1!r})"
             )
-            for i, r in enumerate(d["ranges"])
-        ]
-        for i, r in enumerate(ranges):
+        data = {k: v for k, v in d.items() if k not in ("schema", "failures")}
+        report = _decode(cls, data, "")
+        for i, r in enumerate(report.ranges):
             if not 1 <= r.lo <= r.hi:
                 raise ReportError(f"compile report: ranges[{i}]: token range [{r.lo}, {r.hi}] is empty or below 1")
-        return cls(d["requested"], d["effective"], d["provenance"], d.get("model", {}), ranges)
+        return report
 
     @classmethod
-    def from_json(cls, path_or_text: str) -> CompileReport:
-        text = path_or_text
-        if not path_or_text.lstrip().startswith("{"):
-            with open(path_or_text) as f:
-                text = f.read()
+    def from_json(cls, text: str) -> CompileReport:
+        """Read a report from JSON text (see :meth:`load` for a file)."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"compile report is not valid JSON: {e}") from None
+            raise ReportError(f"compile report is not valid JSON: {e}") from None
         return cls.from_dict(data)
 
+    @classmethod
+    def load(cls, path: str | Path) -> CompileReport:
+        """Read a report saved with ``report.to_json(path)`` (``.json.gz`` too); errors name the file."""
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+            text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no compile report at {str(path)!r}; save one with report.to_json(path)") from None
+        except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
+            reason = f"not UTF-8 text: {e.reason} at byte {e.start}" if isinstance(e, UnicodeDecodeError) else str(e)
+            raise ReportError(f"{path}: not a JSON compile report ({reason})") from None
+        try:
+            return cls.from_json(text)
+        except ReportError as e:
+            raise ReportError(f"{path}: {e}") from None
 
-# -- reading a report back: every field checked, errors name its path ---------------------------------------------
+
+# -- JSON -------------------------------------------------------------------------------------------------------
+
+
+def _to_json(record: Any) -> Any:
+    """A record as plain JSON values (lists, dicts with str keys, str, numbers, bool, None)."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: _to_json(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, (list, tuple)):
+        return [_to_json(x) for x in record]
+    if isinstance(record, dict):
+        return {str(k): _to_json(v) for k, v in record.items()}
+    if isinstance(record, enum.Enum):
+        return record.value
+    return record
+
+
+def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
+    """``sp_lab.compile_report/1`` -> /2: copy events replace per-piece ``erased_copies``; non-tensor inputs
+    have dtype None (was ""). Anything malformed is left as it is, for the loader to name."""
+    d = dict(d, schema=SCHEMA)
+    if isinstance(d.get("ranges"), list):
+        d["ranges"] = [_migrate_v1_range(r) if isinstance(r, dict) else r for r in d["ranges"]]
+    return d
+
+
+def _migrate_v1_range(r: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(r.get("pieces"), list):
+        return r
+    pieces = []
+    for p in r["pieces"]:
+        if isinstance(p, dict):
+            p = dict(p)
+            own = p.pop("erased_copies", None)
+            if isinstance(own, list) and own:
+                p["copies"] = [dict(e, action="erased") if isinstance(e, dict) else e for e in own]
+            elif own:
+                p["copies"] = own  # malformed: named by the loader
+            if isinstance(p.get("inputs"), list):
+                p["inputs"] = [dict(i, dtype=i.get("dtype") or None) if isinstance(i, dict) else i
+                               for i in p["inputs"]]
+        pieces.append(p)
+    return {**r, "pieces": pieces}
 
 
 def _json_kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r:.60}"
 
 
-def _check_keys(data: dict, path: str, *, required: tuple[str, ...], allowed: tuple[str, ...]) -> None:
-    where = f"compile report: {path + ': ' if path else ''}"
-    unknown = sorted(set(data) - set(required) - set(allowed))
-    if unknown:
-        raise ReportError(f"{where}unknown field(s) {unknown}; known: {sorted({*required, *allowed})}")
-    missing = [key for key in required if key not in data]
-    if missing:
-        raise ReportError(f"{where}missing field(s) {missing}")
+# Decoders pass the path of the value they check as a chain ``(parent, key)``, rendered only for an error
+# (``ranges[1].pieces[0].op_counts_after['mm']``): formatting it for every value made loading 2x slower.
+_Path = str | tuple
 
 
-def _check_json_type(path: str, value: Any, expected: Any) -> None:
-    """Raise ``ReportError("compile report: <path>: expected <type>, got <kind> <value>")`` unless it fits."""
-    origin, args = typing.get_origin(expected), typing.get_args(expected)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return
-        (expected,) = [a for a in args if a is not type(None)]
-        origin, args = typing.get_origin(expected), typing.get_args(expected)
-    base = origin or expected
-    if base is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif base is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, base)
-    if not ok:
-        name = getattr(expected, "__name__", None) if not args else str(expected)
-        raise ReportError(f"compile report: {path}: expected {name or expected}, got {_json_kind(value)}")
-    if base is dict and args:
-        for key, item in value.items():
-            _check_json_type(f"{path}[{key!r}]", key, args[0])
-            _check_json_type(f"{path}[{key!r}]", item, args[1])
-    elif base is list and args:
-        for i, item in enumerate(value):
-            _check_json_type(f"{path}[{i}]", item, args[0])
-
-
-def _dataclass_from_dict(
-    cls: type, data: Any, path: str, *, derived: tuple[str, ...] = (), nested: dict[str, type] | None = None
-) -> Any:
-    """``cls(**data)`` after checking every field of ``data`` against ``cls``'s annotations.
-
-    ``derived`` keys are written by ``to_dict`` but recomputed on load (dropped); ``nested`` maps a field to
-    the dataclass of its list items.
-    """
-    if not isinstance(data, dict):
-        raise ReportError(f"compile report: {path}: expected an object, got {_json_kind(data)}")
-    fields = dataclasses.fields(cls)
-    required = tuple(
-        f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
-    _check_keys(data, path, required=required, allowed=(*(f.name for f in fields), *derived))
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in data.items():
-        if name in derived:
-            continue
-        if nested and name in nested:
-            _check_json_type(f"{path}.{name}", value, list)
-            kwargs[name] = [
-                _dataclass_from_dict(nested[name], item, f"{path}.{name}[{i}]") for i, item in enumerate(value)
-            ]
+def _render(path: _Path) -> str:
+    keys = []
+    while isinstance(path, tuple):
+        path, key = path
+        keys.append(key)
+    out = path
+    for key in reversed(keys):
+        if isinstance(key, int):
+            out += f"[{key}]"
+        elif key.startswith("["):
+            out += key
         else:
-            _check_json_type(f"{path}.{name}", value, hints[name])
-            kwargs[name] = value
-    return cls(**kwargs)
+            out = f"{out}.{key}" if out else key
+    return out
+
+
+def _fail(path: _Path, message: str) -> typing.NoReturn:
+    where = _render(path)
+    raise ReportError(f"compile report: {where + ': ' if where else ''}{message}")
+
+
+_DERIVED = {"RangeReport": ("erased_copies", "numerically_unsafe")}  # written by to_dict, recomputed on load
+
+
+def _decode(tp: Any, value: Any, path: str) -> Any:
+    """``value`` (parsed JSON) checked against the annotation ``tp`` and built into records."""
+    return _decoder(tp)(value, path)
+
+
+@functools.cache
+def _decoder(tp: Any) -> Callable[[Any, _Path], Any]:
+    """A function checking parsed JSON against ``tp`` and building it; made once per type (reports are big)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    name = _type_name(tp)
+    if tp is Any:
+        return lambda value, path: value
+    if origin in (typing.Union, types.UnionType):
+        options = [_decoder(a) for a in args if a is not type(None)]
+        nullable = type(None) in args
+        # int | str sizes: a JSON value of exactly one of these types needs no trial decoding.
+        exact = frozenset(a for a in args if a in (int, str, bool))
+
+        def union(value: Any, path: _Path) -> Any:
+            if value is None and nullable:
+                return None
+            if type(value) in exact:
+                return value
+            if len(options) == 1:
+                return options[0](value, path)  # its own error, naming the nested field
+            for option in options:  # int | str sizes: the first that fits
+                try:
+                    return option(value, path)
+                except ReportError:
+                    pass
+            _fail(path, f"expected {name}, got {_json_kind(value)}")
+
+        return union
+    if origin is Literal:
+        allowed = set(args)
+
+        def literal(value: Any, path: _Path) -> Any:
+            if not isinstance(value, str) or value not in allowed:
+                _fail(path, f"expected one of {list(args)}, got {_json_kind(value)}")
+            return value
+
+        return literal
+    if dataclasses.is_dataclass(tp):
+        return _record_decoder(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        members = {m.value: m for m in tp}
+
+        def member(value: Any, path: _Path) -> Any:
+            if not isinstance(value, str) or value not in members:
+                _fail(path, f"expected one of {list(members)}, got {_json_kind(value)}")
+            return members[value]
+
+        return member
+    if origin in (list, tuple):
+        fixed = origin is tuple and not (len(args) == 2 and args[1] is Ellipsis)
+        items = [_decoder(a) for a in args] if fixed else [_decoder(args[0])] if args else [_decoder(Any)]
+
+        def sequence(value: Any, path: _Path) -> Any:
+            if not isinstance(value, list):
+                _fail(path, f"expected {name}, got {_json_kind(value)}")
+            if fixed:
+                if len(value) != len(items):
+                    _fail(path, f"expected {len(items)} items, got {len(value)}")
+                return tuple(d(v, (path, i)) for i, (d, v) in enumerate(zip(items, value)))
+            item = items[0]
+            out = [item(v, (path, i)) for i, v in enumerate(value)]
+            return tuple(out) if origin is tuple else out
+
+        return sequence
+    if origin is dict or tp is dict:
+        key, val = (_decoder(args[0]), _decoder(args[1])) if args else (_decoder(str), _decoder(Any))
+
+        def mapping(value: Any, path: _Path) -> Any:
+            if not isinstance(value, dict):
+                _fail(path, f"expected {name}, got {_json_kind(value)}")
+            return {key(k, (path, f"[{k!r}]")): val(v, (path, f"[{k!r}]")) for k, v in value.items()}
+
+        return mapping
+    if tp is float:
+
+        def real(value: Any, path: _Path) -> Any:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                _fail(path, f"expected float, got {_json_kind(value)}")
+            return float(value)
+
+        return real
+    if tp is int:
+
+        def integer(value: Any, path: _Path) -> Any:
+            if isinstance(value, bool) or not isinstance(value, int):
+                _fail(path, f"expected int, got {_json_kind(value)}")
+            return value
+
+        return integer
+
+    def plain(value: Any, path: _Path) -> Any:
+        if not isinstance(value, tp):
+            _fail(path, f"expected {name}, got {_json_kind(value)}")
+        return value
+
+    return plain
+
+
+def _record_decoder(cls: type) -> Callable[[Any, _Path], Any]:
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    allowed = names | set(_DERIVED.get(cls.__name__, ()))
+    required = [f.name for f in fields if f.metadata.get("required")
+                or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)]
+    hints = typing.get_type_hints(cls)
+    decoders: dict[str, Callable[[Any, _Path], Any]] = {}
+
+    def record(data: Any, path: _Path) -> Any:
+        if not isinstance(data, dict):
+            _fail(path, f"expected an object, got {_json_kind(data)}")
+        if not allowed.issuperset(data):
+            _fail(path, f"unknown field(s) {sorted(set(data) - allowed)}; known: {sorted(names)}")
+        missing = [n for n in required if n not in data]
+        if missing:
+            _fail(path, f"missing field(s) {missing}")
+        if not decoders:  # filled on first use: records may refer to each other
+            decoders.update({n: _decoder(hints[n]) for n in names})
+        return cls(**{n: decoders[n](v, (path, n)) for n, v in data.items() if n in names})
+
+    return record
+
+
+def _type_name(tp: Any) -> str:
+    """How a type reads in an error: JSON's view (``list``, ``dict[str, int]``, ``int or str``)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if origin in (list, tuple):
+        return "list"
+    if origin is dict:
+        return "dict" if args[1] is Any else f"dict[str, {_type_name(args[1])}]"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "str"
+    return getattr(tp, "__name__", None) or str(tp)
+
+
+def record_to_json(record: Any) -> Any:
+    """Any report record as plain JSON values (for side files that store a single record)."""
+    return _to_json(record)
+
+
+def record_from_json(cls: type[_R], data: Any, path: str = "") -> _R:
+    """Build ``cls`` from parsed JSON with the report's strict checks (raises :class:`ReportError`)."""
+    return _decode(cls, data, path)

@@ -36,17 +36,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sp_lab.resources import load_preset
+from sp_lab.vocabulary import MEASURED
 
 if TYPE_CHECKING:
     import polars as pl
+    from torch.distributed import ProcessGroup
+
+    from sp_lab.models.llama import ModelSpec
+
+    ModelDescription = str | ModelSpec | Mapping[str, Any]
+    """A preset name, a built model's ``spec``, or an HF-style config dict."""
 
 #: Matmuls whose fusable collective is an all_gather before them (column-parallel).
 AG_SIDE = ("qkv", "gate_up")
 #: Matmuls whose fusable collective is a reduce_scatter after them (row-parallel).
 RS_SIDE = ("o_proj", "down")
 
-#: The ``source`` label of rows that were timed on hardware (as opposed to "simulated").
-MEASURED = "measured"
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class MatmulShape:
         return "ag" if self.collective == "all_gather" else "rs"
 
 
-def _spec_dims(spec: Any) -> dict[str, int]:
+def _spec_dims(spec: ModelDescription) -> dict[str, int]:
     """Normalise a model description to hidden/intermediate/heads/kv_heads/head_dim ints.
 
     Accepts a ``ModelSpec`` (attributes ``num_heads``/``num_kv_heads``), an HF-style dict
@@ -99,7 +104,7 @@ def _spec_dims(spec: Any) -> dict[str, int]:
     return dims
 
 
-def tp_matmul_shapes(spec: Any, tp: int) -> list[MatmulShape]:
+def tp_matmul_shapes(spec: ModelDescription, tp: int) -> list[MatmulShape]:
     """The four fusable per-rank matmul shapes of one decoder layer at tensor-parallel size ``tp``.
 
     Args:
@@ -219,7 +224,7 @@ def _default_fused_impl(device: torch.device, group_name: str | None, tp: int) -
     return fused
 
 
-def _unfused_impl(group: Any, tp: int) -> FusedMatmul:
+def _unfused_impl(group: ProcessGroup | None, tp: int) -> FusedMatmul:
     """all_gather -> mm, or mm -> reduce_scatter, on ``group``; a plain mm when there is no peer."""
     import torch.distributed as dist
 
@@ -263,7 +268,7 @@ def measure_matmuls(
     dtype: torch.dtype = torch.bfloat16,
     fused_impl: FusedMatmul | None = None,
     unfused_impl: FusedMatmul | None = None,
-    group: Any = None,
+    group: ProcessGroup | None = None,
     group_name: str | None = None,
     calls: int | None = None,
     replays: int = 5,

@@ -12,7 +12,7 @@ can express, and so what :func:`recommend` searches:
 
 **Noise.** Every median comes with a standard error (from its 95% interval, see
 :func:`sp_lab.tuning.regret.medians`). The recommendation draws ``n_boot`` resamples of the latency table
-from those errors (seeded: the same rows give the same answer), scores every policy on each, and calls a
+from those errors (log-normal, seeded: the same rows give the same answer), scores every policy on each, and calls a
 policy *not distinguishable* from the best one when it is at least as good in at least ``alpha`` of the
 resamples. Among the policies the data cannot tell apart it picks the one that rewrites least (fewest
 token counts moved to a more rewriting program, summed over rewrite levels), because a rewrite that
@@ -285,8 +285,11 @@ def recommend(rows: pl.DataFrame | Sequence[Mapping], base: LabConfig, *, source
     se = np.stack([wide[f"se_us_{v}"].to_numpy() for v in variants], axis=1)
     noise_known = bool((se > 0).any())
     rng = np.random.default_rng(seed)
-    draws = mean[None] + se[None] * rng.standard_normal((n_boot, *mean.shape))
-    lat = np.concatenate([mean[None], np.maximum(draws, 1e-9)])  # index 0: the medians themselves
+    # log-normal around each median: latencies stay positive and a wide interval cannot draw a "best"
+    # of almost zero (which would make every other regret explode)
+    sigma = np.log1p(se / mean)
+    draws = mean[None] * np.exp(sigma[None] * rng.standard_normal((n_boot, *mean.shape)))
+    lat = np.concatenate([mean[None], draws])  # index 0: the medians themselves
 
     singles = candidate_policies(tokens, variants, thresholds=1)
     doubles = [p for p in candidate_policies(tokens, variants, thresholds=2) if len(p.steps) == 3]

@@ -34,15 +34,19 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
 from sp_lab.resources import H200_DIR, h200_file, load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
+from sp_lab.vocabulary import BASELINE, MEASURED, SIMULATED, SP, SP_ASYNC_TP, TUNED
 
-SIMULATED = "simulated"
+if TYPE_CHECKING:
+    from sp_lab.rules import MatmulRule
+    from sp_lab.tuning.microbench import ModelDescription
+
 #: Measured on one H200 for this project (docs/measured-h200.md).
 CHUNKING_TP8_JSON = h200_file("gemm_chunking_tp8.json")
 #: Written by benchmarks/bench_matmul_h200.py on the H200 (docs/measured-h200.md).
@@ -155,8 +159,8 @@ class MatmulTable:
         missing = [c for c in self.REQUIRED if c not in self.rows.columns]
         if missing:
             raise ValueError(f"matmul table lacks columns {missing}; has {self.rows.columns}")
-        sources = set(self.rows["source"].unique()) if "source" in self.rows.columns else {"measured"}
-        if sources - {"measured"}:
+        sources = set(self.rows["source"].unique()) if "source" in self.rows.columns else {MEASURED}
+        if sources - {MEASURED}:
             raise ValueError(f"a MatmulTable holds measured times only; got source values {sorted(sources)}")
         self.rows = self.rows.filter(pl.col("us").is_not_null() & (pl.col("us") > 0))
 
@@ -224,7 +228,7 @@ def _load_table_file(path: Path) -> tuple[pl.DataFrame, dict]:
         data = json.loads(path.read_text())
         meta, records = data["meta"], data["rows"]
     device, torch_version = str(meta.get("device")), str(meta.get("torch"))
-    if meta.get("source", "measured") != "measured":
+    if meta.get("source", MEASURED) != MEASURED:
         raise ValueError(f"{path}: meta.source is {meta.get('source')!r}; a MatmulTable holds measured rows only")
     out = []
     for r in records:
@@ -241,7 +245,7 @@ def _load_table_file(path: Path) -> tuple[pl.DataFrame, dict]:
     # Duplicate (shape, M) points from several files or models average out.
     df = df.group_by("m", "n", "k", "variant", "chunks").agg(pl.col("us").median())
     return df.with_columns(device_name=pl.lit(device), torch_version=pl.lit(torch_version),
-                           source=pl.lit("measured"), file=pl.lit(path.name)), meta
+                           source=pl.lit(MEASURED), file=pl.lit(path.name)), meta
 
 
 @dataclass(frozen=True)
@@ -328,7 +332,6 @@ def predict_matmul_rows(
 
 # ------------------------------------------------------------------------------------- sweep model
 
-VARIANTS = ("baseline", "sp", "sp+async_tp", "tuned")
 
 
 def _norm_us(tokens: int, hidden: int, dtype_bytes: int, hbm_gbps: float) -> float:
@@ -337,14 +340,14 @@ def _norm_us(tokens: int, hidden: int, dtype_bytes: int, hbm_gbps: float) -> flo
 
 
 def predict_sweep(
-    spec: Any,
+    spec: ModelDescription,
     tp: int,
     token_counts: Iterable[int],
     matmul_table: MatmulTable | RooflineMatmul | None = None,
     *,
     comm: AlphaBeta = H200_NVLINK,
     num_layers: int | None = None,
-    rule: Any = None,
+    rule: MatmulRule | None = None,
     dtype_bytes: int = 2,
     hbm_gbps: float = 4300.0,
 ) -> pl.DataFrame:
@@ -384,9 +387,9 @@ def predict_sweep(
         # sp / sp+async_tp: each matmul row already carries its own reduce_scatter or all_gather (comm_us)
         norm_full = 2 * _norm_us(t_pad, hidden, dtype_bytes, hbm_gbps)
         norm_shard = 2 * _norm_us(t_pad // tp, hidden, dtype_bytes, hbm_gbps)
-        decisions = {"baseline": None, "sp": [False] * 4, "sp+async_tp": [True] * 4}
+        decisions = {BASELINE: None, SP: [False] * 4, SP_ASYNC_TP: [True] * 4}
         if rule is not None:
-            decisions["tuned"] = [rule.decide(t_pad, r["n"], r["k"], tp) == "fuse" for r in mms.iter_rows(named=True)]
+            decisions[TUNED] = [rule.decide(t_pad, r["n"], r["k"], tp) == "fuse" for r in mms.iter_rows(named=True)]
         for variant, fuse in decisions.items():
             if fuse is None:
                 matmul_us, comm_us, norm_us, n_fused = mm_sum, 2 * ar, norm_full, 0
@@ -409,12 +412,12 @@ def predict_sweep(
         model=pl.lit(str(name)), tp=pl.lit(tp), num_layers=pl.lit(layers), hidden_size=pl.lit(hidden),
         dtype=pl.lit("bfloat16" if dtype_bytes == 2 else f"{dtype_bytes}-byte"), comm_model=pl.lit(comm.name),
         device_name=pl.lit(f"simulated: {comm.name} + matmuls from {device}"), source=pl.lit(SIMULATED),
-        timing_method=pl.lit("simulated"),
+        timing_method=pl.lit(SIMULATED),
         note=pl.lit("what-if model: attention excluded; fused kernels assumed to overlap perfectly"),
     )
 
 
-def _num_layers(spec: Any) -> int:
+def _num_layers(spec: ModelDescription) -> int:
     if isinstance(spec, str):
         spec = load_preset(spec)
     if isinstance(spec, Mapping):
@@ -429,7 +432,7 @@ def compare_to_measured(predicted: pl.DataFrame, measured: pl.DataFrame,
     ``predicted`` must hold only ``source="simulated"`` rows and ``measured`` only ``"measured"`` ones;
     measured rows whose fusion was expected but missing are dropped (they time another program).
     """
-    for df, want, label in ((predicted, SIMULATED, "predicted"), (measured, "measured", "measured")):
+    for df, want, label in ((predicted, SIMULATED, "predicted"), (measured, MEASURED, "measured")):
         got = set(df["source"].unique()) if "source" in df.columns else {None}
         if got != {want}:
             raise ValueError(f"{label} rows must all have source={want!r}; got {sorted(map(str, got))}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 import polars as pl
@@ -15,6 +15,9 @@ from plotly.subplots import make_subplots
 
 from sp_lab.viz.overview import COLLECTIVE_KEYS, FUSED_KEYS
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["build_compare_figure", "compare_data"]
 
@@ -53,7 +56,7 @@ def _report_label(report: Any, ri: int) -> str:
     return f"{report.model.get('name', '?')} {r.boundary} tokens {r.lo}-{r.hi}"
 
 
-def compare_data(report_a: Any, report_b: Any, *, range_a: int | None = None, range_b: int | None = None,
+def compare_data(report_a: ReportSource, report_b: ReportSource, *, range_a: int | None = None, range_b: int | None = None,
                  labels: tuple[str, str] | None = None) -> pl.DataFrame:
     """Two reports (or two ranges of one) side by side, one row per metric.
 

@@ -6,12 +6,15 @@ import inspect
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
 from sp_lab.viz.overview import overview_data
 from sp_lab.viz.report_input import as_report, to_plain
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["emit_trace", "save_html"]
 
@@ -32,7 +35,7 @@ def save_html(figs: go.Figure | Sequence[go.Figure], path: str | Path, *, title:
     return path
 
 
-def emit_trace(report: Any, *, include_overview: bool = True) -> bool:
+def emit_trace(report: ReportSource, *, include_overview: bool = True) -> bool:
     """Send the report (and each range's overview data) to torch's structured trace for tlparse.
 
     Artifacts: ``sp_lab_compile_report`` (the report JSON) and ``sp_lab_overview_<range>`` (the data

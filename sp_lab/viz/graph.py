@@ -22,7 +22,7 @@ only that data, and the thin ``plot_*`` here. The layers live in modules named f
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
@@ -50,6 +50,9 @@ from sp_lab.viz.report_input import as_report, load_report
 from sp_lab.viz.tables import piece_table, range_table
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
 
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
+
 __all__ = [
     "BoundaryLabel", "DiffRegion", "ErasedCopy", "FailureMark", "GraphNode", "GraphvizMissing", "OverviewData",
     "PieceBox", "PieceDiffData", "PieceGraph", "PieceGroup", "RangeSummary", "TensorCrossing", "TensorLinks",
@@ -59,7 +62,7 @@ __all__ = [
 ]
 
 
-def plot_overview(report: Any, range_index: int | None = None, *, expand: bool | Iterable[str] = False,
+def plot_overview(report: ReportSource, range_index: int | None = None, *, expand: bool | Iterable[str] = False,
                   widget: bool = False) -> go.Figure:
     """Overview of one compile range: pieces (what each runs), boundaries (bytes per token), failures in red,
     erased copies, identical layers collapsed.
@@ -70,7 +73,7 @@ def plot_overview(report: Any, range_index: int | None = None, *, expand: bool |
     return _maybe_widget(build_overview_figure(overview_data(report, range_index), expand=expand), widget)
 
 
-def plot_piece(report: Any, piece_index: int, range_index: int | None = None, *, mode: str = "after",
+def plot_piece(report: ReportSource, piece_index: int, range_index: int | None = None, *, mode: str = "after",
                search: str = "", widget: bool = False) -> go.Figure:
     """Drill-down into one piece as a layered graph: ``mode`` "after" / "before" the passes, or "diff" (only the
     rewritten neighbourhoods, before | after). ``search`` outlines nodes whose op or module contains it."""
@@ -78,7 +81,7 @@ def plot_piece(report: Any, piece_index: int, range_index: int | None = None, *,
                          widget)
 
 
-def plot_compare(report_a: Any, report_b: Any, *, range_a: int | None = None, range_b: int | None = None,
+def plot_compare(report_a: ReportSource, report_b: ReportSource, *, range_a: int | None = None, range_b: int | None = None,
                  labels: tuple[str, str] | None = None, widget: bool = False) -> go.Figure:
     """Compare two reports (e.g. boundary "gather" vs "sharded") or two ranges of one report."""
     frame = compare_data(report_a, report_b, range_a=range_a, range_b=range_b, labels=labels)

@@ -11,9 +11,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = [
     "COLLECTIVE_KEYS", "FUSED_KEYS", "MATCH_KEYS", "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark",
@@ -362,7 +365,7 @@ def _piece(p: Any) -> PieceBox:
         matches={k: int((p.matches or {}).get(k, 0)) for k in MATCH_KEYS}, n_changed=len(p.changed or ()))
 
 
-def overview_data(report: Any, range_index: int | None = None, *, max_period: int = 4,
+def overview_data(report: ReportSource, range_index: int | None = None, *, max_period: int = 4,
                   min_repeats: int = 2) -> OverviewData:
     """Pieces, boundaries, failures and erased copies of one range, with identical layers grouped.
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from sp_lab.viz.overview import COLLECTIVE_KEYS, OP_ABBREVIATIONS, PieceBox, RangeSummary, overview_data
 from sp_lab.viz.piece_graph import PieceGraph, collapse, infer_modules, is_folded, short_op
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["DiffRegion", "PieceDiffData", "diff_regions", "piece_diff_data"]
 
@@ -159,10 +162,12 @@ def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequenc
         # One ring of kept neighbours on each side, so the rewrite reads in its context.
         keep_b = set(gone) | {k for n in gone for k in adj_b[n]} | {k for n in new for k in adj_a[n] if k in before_by}
         keep_a = set(new) | {k for n in new for k in adj_a[n]} | {k for n in gone for k in adj_b[n] if k in after_by}
-        # Prefer a module the node really carries over one inferred for a node the passes inserted.
-        found = [mod_b.get(n) or mod_a.get(n) for n in (*gone, *new)]
-        found = sorted((m for m in found if m and m[0]), key=lambda m: m[1])
-        module = found[0][0] if found else None
+        # Named after its matmul (a rewrite is about one), else a module a node really carries before one
+        # inferred for a node the passes inserted.
+        nodes = [(before_by.get(n) or after_by[n], mod_b.get(n) or mod_a.get(n)) for n in (*gone, *new)]
+        found = sorted(((node.kind not in ("matmul", "fused"), inferred, module) for node, (module, inferred) in nodes
+                        if module), key=lambda m: m[:2])
+        module = found[0][2] if found else None
         # A rewrite whose result leaves the piece is the boundary policy's (e.g. the re-gather of "gather").
         boundary = any(after_by[k].op == "output" for n in new for k in adj_a[n] if k in after_by)
         regions.append(DiffRegion(
@@ -174,7 +179,7 @@ def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequenc
     return tuple(regions)
 
 
-def piece_diff_data(report: Any, range_index: int | None = None, piece_index: int = 0) -> PieceDiffData:
+def piece_diff_data(report: ReportSource, range_index: int | None = None, piece_index: int = 0) -> PieceDiffData:
     """The graph of one piece before and after the passes, collapsed for drawing, with the rewritten regions."""
     report = as_report(report)
     ri = resolve_range(report, range_index)

@@ -33,6 +33,7 @@ KIND_COLORS = {
 _SEARCH_COLOR = "#f0b400"
 _GAP = 60.0  # points between the before and after columns, and between regions
 _TITLE_H = 34.0
+_DIFF_MAX_WIDTH = 940.0  # points (= pixels): what a JupyterLab output area shows without scrolling
 
 
 def _hover(n: GraphNode) -> str:
@@ -146,18 +147,27 @@ def _diff_figure(data: PieceDiffData, canvas: _Canvas, head: str, counts: str, s
         return canvas.figure(400.0, 40.0, f"{head}<br><sup>diff: no rewritten regions</sup>")
     laid = [(r, _layout(r.before), _layout(r.after)) for r in data.regions]
     col_w = max(lb.width for _, lb, _ in laid)
-    width = col_w + _GAP + max(la.width for _, _, la in laid)
+    side_by_side = col_w + _GAP + max(la.width for _, _, la in laid) <= _DIFF_MAX_WIDTH
+    # Side by side when both columns fit a notebook's output width, else "after" under "before" per region.
+    width = col_w + _GAP + max(la.width for _, _, la in laid) if side_by_side else max(
+        col_w, max(la.width for _, _, la in laid))
     y = 0.0
     # Regions stack downwards in graph order: the first region ends up on top.
     for region, lb, la in reversed(laid):
-        h = max(lb.height, la.height)
-        for graph, layout, dx in ((region.before, lb, 0.0), (region.after, la, col_w + _GAP)):
-            found = set(graph.search(search)) if search else set()
-            canvas.draw(graph, layout, dx + (col_w - layout.width) / 2 if dx == 0.0 else dx, y + h - layout.height,
-                        found)
+        if side_by_side:
+            h = max(lb.height, la.height)
+            places = ((region.before, lb, (col_w - lb.width) / 2, y + h - lb.height),
+                      (region.after, la, col_w + _GAP, y + h - la.height))
+        else:
+            h = lb.height + _GAP / 2 + la.height
+            places = ((region.before, lb, 0.0, y + la.height + _GAP / 2), (region.after, la, 0.0, y))
+            canvas.titles.append((0.0, y + la.height + 2, "<span style='color:#777'>after</span>"))
+        for graph, layout, dx, dy in places:
+            canvas.draw(graph, layout, dx, dy, set(graph.search(search)) if search else set())
         where = f" · {region.module.removeprefix('model.')}" if region.module else ""
+        how = "(before | after)" if side_by_side else "(before, then after)"
         canvas.titles.append((0.0, y + h + 4, (f"<b>{region.index + 1}. {region.title}</b>{where}"
-                                               f" <span style='color:#777'>(before | after)</span>")))
+                                               f" <span style='color:#777'>{how}</span>")))
         y += h + _TITLE_H + _GAP / 2
-    title = f"{head}<br><sup>diff: {len(data.regions)} rewritten region(s), before | after · {counts}</sup>"
+    title = f"{head}<br><sup>diff: {len(data.regions)} rewritten region(s) · {counts}</sup>"
     return canvas.figure(width, y, title)

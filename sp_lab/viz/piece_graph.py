@@ -28,15 +28,46 @@ __all__ = ["KIND_PRIORITY", "GraphNode", "PieceGraph", "collapse", "infer_module
 # When a collapsed node mixes kinds it is coloured by the most telling one.
 KIND_PRIORITY = ("fused", "collective", "matmul", "norm", "split", "input", "output", "other")
 _COLLAPSIBLE_KINDS = frozenset({"other", "norm"})
-_FUSED_SHORT = {"fused_all_gather_matmul": "AG+mm (fused)", "fused_matmul_reduce_scatter": "mm+RS (fused)"}
+_SHORT = {"fused_all_gather_matmul": "AG+mm (fused)", "fused_matmul_reduce_scatter": "mm+RS (fused)",
+          "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
 
 def short_op(target: str) -> str:
     """``"aten.mm.default"`` -> ``"mm"``; ``"_c10d_functional.all_gather_into_tensor.default"`` ->
-    ``"all_gather_into_tensor"``; fused ops get the field's shorthand (``"AG+mm (fused)"``)."""
+    ``"all_gather"``; fused ops get the field's shorthand (``"AG+mm (fused)"``)."""
     parts = target.split(".")
     name = parts[1] if len(parts) >= 2 else parts[0]
-    return _FUSED_SHORT.get(name, name)
+    return _SHORT.get(name, name)
+
+
+def compact_shape(shape: tuple) -> str:
+    """A shape for a box label: ``[2*(((s37 + 1)//2)), 256]`` -> ``[2*((s37+1)//2), 256]`` (sympy's spaces and
+    redundant parentheses dropped; the hover keeps the full form)."""
+    return "[" + ", ".join(_compact_dim(str(d)) for d in shape) + "]"
+
+
+def _compact_dim(text: str) -> str:
+    text = text.replace(" ", "")
+
+    def closing(i: int) -> int:
+        depth = 0
+        for j in range(i, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            if depth == 0:
+                return j
+        return -1
+
+    i = 0
+    while i < len(text) - 1:
+        # "((x))" -> "(x)": the outer pair wraps exactly the inner one.
+        if text[i:i + 2] == "((" and closing(i) == closing(i + 1) + 1:
+            j = closing(i)
+            text = text[:i] + text[i + 1:j] + text[j + 1:]
+            continue
+        i += 1
+    if text.startswith("(") and closing(0) == len(text) - 1:
+        text = text[1:-1]
+    return text
 
 
 def _module_label(module: str | None) -> str:
@@ -77,20 +108,18 @@ class GraphNode:
 
     @property
     def op_text(self) -> str:
-        """``"mm"``, or ``"pow…mul ×7"`` for a run."""
-        if self.count == 1:
+        """``"mm"``, or ``"pow…mul ×7"`` for a run (a collective with its ``wait_tensor`` reads as the collective)."""
+        if self.count == 1 or (self.count == 2 and self.ops[1] == "wait_tensor" and self.kind == "collective"):
             return self.ops[0]
         return f"{self.ops[0]}…{self.ops[-1]} ×{self.count}"
 
     @property
     def label(self) -> str:
         """``op · module · shape`` (module without the ``model.`` prefix, ``~`` when inferred)."""
-        from sp_lab.viz.overview import format_shape
-
         module = _module_label(self.module)
         if module and self.module_inferred:
             module = "~" + module
-        parts = [self.op_text, module, format_shape(self.shape) if self.shape else ""]
+        parts = [self.op_text, module, compact_shape(self.shape) if self.shape else ""]
         return " · ".join(p for p in parts if p)
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.vocabulary import PROVENANCE_COLUMNS, REHEARSAL, SIMULATED
+from sp_lab.vocabulary import PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -142,6 +142,10 @@ def write_report(
         parts.append(f"<p class='warn'>{missing} row(s) expected SP or AsyncTP fusion that did not run. They are "
                      "drawn and listed as '&lt;variant&gt; [fusion missing]', never as the variant they were asked "
                      "to be.</p>")
+    if TUNED in set(rows["variant"].to_list()):
+        parts.append("<p class='warn'>The <b>tuned</b> rows were measured in a later sweep than the reference "
+                     "variants, not interleaved with them: a gap between them and the variant the config runs "
+                     "there shows how much the machine drifted between the two sweeps.</p>")
     for source, what in ((SIMULATED, "simulated (what-if model), not measured"),
                          (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
         if source in sources:

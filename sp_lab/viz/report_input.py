@@ -7,12 +7,18 @@ a laptop with no compiler, no GPU and no torch.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sp_lab.compiler.report import CompileReport
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    ReportSource: TypeAlias = CompileReport | Mapping[str, Any] | str | Path | SimpleNamespace
+    """What every view accepts: the compiler's report, its dict, a path to its JSON, or as_report's result."""
 
 __all__ = ["SCHEMA_PREFIX", "as_report", "load_report", "resolve_range", "to_plain"]
 
@@ -34,22 +40,12 @@ def _record(value: Any, key: str | None = None) -> Any:
 
 
 def load_report(path: str | Path) -> SimpleNamespace:
-    """Read a CompileReport saved as JSON (``report.to_json()``; ``.json.gz`` too) and check its schema tag."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no CompileReport at {str(path)!r}; save one with "
-                                f"Path(p).write_text(compiled.report.to_json())")
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a CompileReport's JSON ({err}); write one with report.to_json(path)") from None
-    return as_report(data)
+    """Read a CompileReport saved as JSON (``report.to_json(path)``; ``.json.gz`` too) through the compiler's
+    one strict loader (:meth:`CompileReport.load`: every field checked, older schemas migrated)."""
+    return as_report(CompileReport.load(path))
 
 
-def as_report(report: Any) -> SimpleNamespace:
+def as_report(report: ReportSource) -> SimpleNamespace:
     """The report as read-only records, given a path to its JSON, its dict, or an object with ``to_dict()``."""
     if isinstance(report, SimpleNamespace) and hasattr(report, "ranges"):
         return report
@@ -81,7 +77,7 @@ def resolve_range(report: SimpleNamespace, range_index: int | None) -> int:
     return range_index % len(ranges)
 
 
-def to_plain(report: Any) -> dict:
+def to_plain(report: ReportSource) -> dict:
     """The report as plain JSON-able data again (for torch's structured trace)."""
     def plain(value: Any) -> Any:
         if isinstance(value, SimpleNamespace):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from sp_lab.viz.overview import COLLECTIVE_KEYS, MATCH_KEYS
 from sp_lab.viz.report_input import as_report
 
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
+
 __all__ = ["piece_table", "range_table"]
 
 
-def piece_table(report: Any) -> pl.DataFrame:
+def piece_table(report: ReportSource) -> pl.DataFrame:
     """One row per (range, piece): matches per pass, op counts before/after, compile time, cache hit.
 
     Columns: range, lo, hi, boundary, piece, name, kind, op, compile_time_s, cache_hit,
@@ -41,7 +44,7 @@ def piece_table(report: Any) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def range_table(report: Any) -> pl.DataFrame:
+def range_table(report: ReportSource) -> pl.DataFrame:
     """One row per compile range: token span, passes on, strategy, compiled, time, failures, safety."""
     report = as_report(report)
     return pl.DataFrame([{

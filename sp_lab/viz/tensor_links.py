@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sp_lab.viz.overview import format_shape
 from sp_lab.viz.piece_graph import short_op
 from sp_lab.viz.report_input import as_report, resolve_range
+
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
 
 __all__ = ["NodeRef", "TensorLinks", "tensor_links"]
 
@@ -52,7 +55,7 @@ def _ref(piece: int, node: Any) -> NodeRef:
                    shape=tuple(node.shape or ()))
 
 
-def tensor_links(report: Any, range_index: int | None, boundary_index: int, tensor_index: int) -> TensorLinks:
+def tensor_links(report: ReportSource, range_index: int | None, boundary_index: int, tensor_index: int) -> TensorLinks:
     """Producers and consumers of tensor ``tensor_index`` of boundary ``boundary_index``, in the graphs after the
     passes."""
     report = as_report(report)
@@ -63,21 +66,23 @@ def tensor_links(report: Any, range_index: int | None, boundary_index: int, tens
                          f"{[b.index for b in rng.boundaries]}")
     t = boundary.tensors[tensor_index]
     pieces = {p.index: p for p in rng.pieces}
-    exact = hasattr(t, "producer_output") and hasattr(t, "consumer_inputs")
+    # Reports of schema 2 say which output made it and which inputs read it; older ones are matched by shape.
+    exact = getattr(t, "producer_output", None) is not None and bool(getattr(t, "consumer_inputs", ()))
     want = (tuple(t.shape_after or ()), t.dtype)
 
     def fits(node: Any) -> bool:
         return (tuple(node.shape or ()), node.dtype) == want
 
     producers: list[NodeRef] = []
-    producer = pieces.get(boundary.after_piece)
+    made_in = t.producer_piece if exact and getattr(t, "producer_piece", None) is not None else boundary.after_piece
+    producer = pieces.get(made_in)
     graph = producer and (producer.graph_after or producer.graph_before)
     if graph is not None:
         by_name = {n.name: n for n in graph.nodes}
         returned = [by_name[a] for a, b in graph.edges if by_name.get(b) is not None and by_name[b].op == "output"]
         if exact:
             returned = returned[t.producer_output:t.producer_output + 1]
-        producers = [_ref(boundary.after_piece, n) for n in returned if exact or fits(n)]
+        producers = [_ref(made_in, n) for n in returned if exact or fits(n)]
 
     consumers: list[NodeRef] = []
     targets = [tuple(c) for c in t.consumer_inputs] if exact else [

@@ -13,7 +13,7 @@ own beyond wiring these to the data and figure functions of ``sp_lab.viz``.
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -25,6 +25,9 @@ from sp_lab.viz.piece_figure import MODES, build_piece_figure
 from sp_lab.viz.report_input import as_report
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
 
+if TYPE_CHECKING:
+    from sp_lab.viz.report_input import ReportSource
+
 __all__ = ["GraphExplorer", "explore"]
 
 
@@ -35,7 +38,7 @@ class GraphExplorer(widgets.VBox):
     last tensor clicked as ``links``; :meth:`select` does what a click does (tests and scripts use it).
     """
 
-    def __init__(self, report: Any, range_index: int | None = None) -> None:
+    def __init__(self, report: ReportSource, range_index: int | None = None) -> None:
         self.report = as_report(report)
         self.data: OverviewData = overview_data(self.report, range_index)
         self.overview_figure: go.FigureWidget | None = None
@@ -150,6 +153,6 @@ def _links_html(links: TensorLinks) -> str:
             f"<br>produced by<ul>{items(links.producers)}</ul>consumed by<ul>{items(links.consumers)}</ul>")
 
 
-def explore(report: Any, range_index: int | None = None) -> GraphExplorer:
+def explore(report: ReportSource, range_index: int | None = None) -> GraphExplorer:
     """Interactive explorer of a CompileReport (the compiler's object, its dict, or a path to its JSON)."""
     return GraphExplorer(report, range_index)

@@ -19,39 +19,24 @@ silently. Browsers are never downloaded (``playwright install`` is not used).
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from jupyterlab_session import (
+    BUSY_JS,
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    require_browser,
+    run_all_cells,
+    serve_notebook,
+    sync_api,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "03_tune_async_tp_min_tokens.ipynb"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_TIMEOUT_S = 420
-
-IN_CI = bool(os.environ.get("CI"))
-
-
-def _missing(reason: str) -> None:
-    """Skip on a workstation; fail in CI, where the image is supposed to have everything."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI is set: the browser test must run here)", pytrace=False)
-    pytest.skip(reason)
-
-
-try:
-    from playwright import sync_api
-except ImportError:
-    sync_api = None
 
 pytestmark = [pytest.mark.notebooks]
 
@@ -59,63 +44,18 @@ pytestmark = [pytest.mark.notebooks]
 PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el =>
     (el.data || []).map(t => ({name: t.name || '', meta: String(t.meta || ''),
                               x: Array.from(t.x || []), y: Array.from(t.y || [])})))"""
-BUSY_JS = """() => Array.from(document.querySelectorAll('.jp-InputArea-prompt'))
-    .some(el => el.textContent.includes('*'))"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited with status {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"jupyter lab did not answer at {url} within {timeout:.0f} s")
 
 
 @pytest.fixture
 def lab(tmp_path):
     """(base URL, token, notebook name) of a JupyterLab serving a copy of notebook 3."""
-    if sync_api is None:
-        _missing("pip install playwright (its browsers are not needed)")
-    if CHROMIUM is None:
-        _missing("no chromium on PATH (apt-get install -y chromium)")
-    workdir = ROOT / ".cache" / f"browser-{secrets.token_hex(4)}"  # under the repo: the notebook finds ROOT
-    workdir.mkdir(parents=True)
-    shutil.copy(NOTEBOOK, workdir / NOTEBOOK.name)
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "SP_LAB_SMOKE": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
-    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - lives as long as the server, closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={workdir}",
-         *(["--allow-root"] if os.geteuid() == 0 else [])],  # CI containers run as root
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_http(f"{base}/api/status?token={token}", proc, tmp_path / "jupyterlab.log")
-        yield base, token, NOTEBOOK.name
-    finally:
-        if proc.poll() is None:  # the server and the kernels it started: one process group
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    require_browser()
+    # no "receive official Jupyter news?" toast over the widget (and its screenshot)
+    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    with serve_notebook(NOTEBOOK, tmp_path) as served:
+        yield served
 
 
 # The first tuner's policy dropdown and threshold slider, found by their labels.
@@ -144,8 +84,6 @@ def _expected(plot: list[dict], selected: dict) -> dict[int, float]:
     return {x: latency[v][x] for x, v in runs.items()}
 
 
-
-
 def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
     base, token, name = lab
     with sync_api.sync_playwright() as pw:
@@ -153,19 +91,7 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.goto(f"{base}/lab/tree/{name}?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
-                                   "#jp-main-statusbar :text('Idle')", timeout=90_000)
-            # Run > Run All Cells; retried once if no cell starts (a click that lands before the kernel
-            # is connected is dropped).
-            for _attempt in range(2):
-                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-                try:
-                    page.wait_for_function(BUSY_JS, timeout=30_000)
-                    break
-                except sync_api.TimeoutError:
-                    page.keyboard.press("Escape")
+            run_all_cells(page)
 
             # Points appear while the sweep runs (some, not yet all), then every cell ends (no "[*]").
             deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -206,16 +132,23 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                             break
                 assert ok, f"after {key}: the curve {_gated(plot)} is not what {selected} runs: {_expected(plot, selected)}"
 
-            no_news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
-            if no_news.count():
-                no_news.first.click()
+            page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
+            page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
             tuner = page.locator(".jp-OutputArea-output .widget-vbox").first
-            tuner.scroll_into_view_if_needed()
+            tuner.evaluate("el => el.scrollIntoView({block: 'center'})")
+            time.sleep(1)
             artifacts = ROOT / "artifacts"
             artifacts.mkdir(exist_ok=True)
             tuner.screenshot(path=str(artifacts / "tuner.png"))
             if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
                 (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
                 shutil.copy(artifacts / "tuner.png", ROOT / "docs" / "img" / "tuner.png")
+        except AssertionError as failure:  # keep what the browser showed and what the server said
+            artifacts = ROOT / "artifacts"
+            artifacts.mkdir(exist_ok=True)
+            page.screenshot(path=str(artifacts / "tuner_failure.png"), full_page=True)
+            log = (tmp_path / "jupyterlab.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{failure}\n(page: artifacts/tuner_failure.png; JupyterLab log tail:\n{log})") \
+                from failure
         finally:
             browser.close()

@@ -31,6 +31,7 @@ from torch._inductor.pattern_matcher import (
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers torch.ops.sp_lab.fused_*)
 from sp_lab.compiler.passes.graph_builder import GraphBuilder
+from sp_lab.compiler.report import FusionDecision
 from sp_lab.rules import MatmulRule
 
 aten = torch.ops.aten
@@ -42,12 +43,12 @@ __all__ = ["AsyncTPDecisions", "apply_async_tp"]
 
 @dataclass
 class AsyncTPDecisions:
-    """Every fusion candidate the gate saw: {"pattern", "m", "n", "k", "decision", "why"}."""
+    """Every fusion candidate the gate saw, with its decision and why."""
 
-    candidates: list[dict] = field(default_factory=list)
+    candidates: list[FusionDecision] = field(default_factory=list)
 
     def fused(self, pattern: str) -> int:
-        return sum(c["pattern"] == pattern and c["decision"] == "fuse" for c in self.candidates)
+        return sum(c.pattern == pattern and c.decision == "fuse" for c in self.candidates)
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,7 @@ class _Gate:
                 self.default,
             )
             self.decisions.candidates.append(
-                {"pattern": pattern, "m": None, "n": None, "k": None, "decision": self.default,
-                 "why": "shapes unreadable: heuristic_default"}
+                FusionDecision(pattern, None, None, None, self.default, "shapes unreadable: heuristic_default")
             )
             return self.default == "fuse"
         k, n = int(val_b.shape[0]), int(val_b.shape[1])
@@ -82,7 +82,7 @@ class _Gate:
             answer = self.rule.decide(m, n, k, self.tp_size)
             decision = self.default if answer == "unsure" else answer
             why = f"heuristic answered {answer!r}" + (f" -> heuristic_default {self.default!r}" if answer == "unsure" else "")
-        self.decisions.candidates.append({"pattern": pattern, "m": m, "n": n, "k": k, "decision": decision, "why": why})
+        self.decisions.candidates.append(FusionDecision(pattern, m, n, k, decision, why))
         return decision == "fuse"
 
 

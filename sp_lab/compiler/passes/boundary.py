@@ -21,20 +21,22 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
-from sp_lab.compiler.report import shape_json
+from sp_lab.compiler.inspection import shape_json
+from sp_lab.compiler.report import CopyEvent
 
 __all__ = ["BoundaryEvents", "BoundaryPolicy", "policy_for"]
 
 
 @dataclass
 class BoundaryEvents:
-    """What a policy did to one graph (recorded in the CompileReport)."""
+    """What a policy did to one graph (its copy events go into the piece's CompileReport record)."""
 
     gathered_outputs: list[str] = field(default_factory=list)
     sharded_outputs: list[str] = field(default_factory=list)
-    gathered_copies: list[str] = field(default_factory=list)
-    kept_copies: list[dict] = field(default_factory=list)
-    erased_copies: list[dict] = field(default_factory=list)
+    copies: list[CopyEvent] = field(default_factory=list)
+
+    def copies_by(self, action: str) -> list[CopyEvent]:
+        return [c for c in self.copies if c.action == action]
 
 
 @dataclass(frozen=True)
@@ -66,22 +68,16 @@ class BoundaryPolicy:
     ) -> None:
         """Rewrite the epilogue ``copy_(dst, src)`` whose ``src`` is now held as ``shard``."""
         dst = copy_node.args[0]
-        record = {
-            "target": dst.name,
-            "dst_shape": shape_json(dst.meta["val"]),
-            "src_shape": shape_json(shard.meta["val"]),
-        }
+        action = {"gather": "gathered", "erase": "erased", "keep": "kept"}[self.copies]
+        events.copies.append(CopyEvent(dst.name, shape_json(dst.meta["val"]), shape_json(shard.meta["val"]), action))
         if self.copies == "gather":
             copy_node.replace_input_with(copy_node.args[1], full())
-            events.gathered_copies.append(dst.name)
         elif self.copies == "erase":
             # The draft's fix, kept to demonstrate it: the in-place residual update is lost.
             copy_node.replace_all_uses_with(dst)
             copy_node.graph.erase_node(copy_node)
-            events.erased_copies.append(record)
         else:
             copy_node.replace_input_with(copy_node.args[1], shard)
-            events.kept_copies.append(record)
 
 
 _POLICIES = {

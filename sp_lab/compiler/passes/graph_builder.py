@@ -6,8 +6,9 @@ fake values of its inputs, so later passes, the pattern matcher and Inductor's l
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -19,6 +20,10 @@ aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
 __all__ = ["GraphBuilder", "fake_value", "is_tensor_node", "same_size"]
+
+# Where a node came from: copied onto the nodes a pass adds in its place, so the report can still name the
+# model's tensor (``residual``), its module and source line after SP rewrote it.
+_PROVENANCE_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
 
 
 def fake_value(arg: Any) -> Any:
@@ -43,11 +48,23 @@ class GraphBuilder:
         placeholders = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode(placeholders)
         self.added: list[fx.Node] = []
+        self._standing_for: fx.Node | None = None
+
+    @contextlib.contextmanager
+    def standing_for(self, node: fx.Node) -> Iterator[None]:
+        """Nodes added inside this block replace ``node``: they take its stack trace and module stack."""
+        previous, self._standing_for = self._standing_for, node
+        try:
+            yield
+        finally:
+            self._standing_for = previous
 
     def call(self, target: Callable, *args: Any, **kwargs: Any) -> fx.Node:
         """Insert ``target(*args, **kwargs)`` and compute its fake value."""
         node = self.graph.call_function(target, tuple(args), kwargs)
         self.added.append(node)
+        if self._standing_for is not None:
+            node.meta.update({k: self._standing_for.meta[k] for k in _PROVENANCE_META if k in self._standing_for.meta})
         inputs = node.all_input_nodes
         if any("val" not in n.meta for n in inputs):
             return node  # an input without a fake value: nothing to infer from (a warning was logged upstream)

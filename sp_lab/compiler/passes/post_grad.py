@@ -7,65 +7,39 @@ graph compiled under other settings.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from sp_lab.compiler.inspection import graph_snapshot, op_counts, shape_json
 from sp_lab.compiler.passes.async_tp import apply_async_tp
-from sp_lab.compiler.passes.boundary import BoundaryEvents, policy_for
+from sp_lab.compiler.passes.boundary import policy_for
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
-from sp_lab.compiler.report import graph_snapshot, op_counts, shape_json
+from sp_lab.compiler.report import CountKey, PieceOutput, PieceRecord
 from sp_lab.rules import MatmulRule
 
-__all__ = ["PieceObservation", "SpLabPostGradPass"]
+__all__ = ["SpLabPostGradPass"]
 
-_PASS_SOURCES = sorted(Path(__file__).parent.glob("*.py")) + [Path(__file__).parents[1] / "fused_ops.py"]
-
-
-@dataclass
-class PieceObservation:
-    """What the pass saw and did in one piece (filled in while Inductor compiles it)."""
-
-    ran: bool = False
-    graph_before: dict | None = None
-    graph_after: dict | None = None
-    counts_before: dict = field(default_factory=dict)
-    counts_after: dict = field(default_factory=dict)
-    matches: dict = field(default_factory=dict)
-    changed: list[str] = field(default_factory=list)
-    outputs: list[dict] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)
-    boundary: BoundaryEvents | None = None
-
-    def save(self, path: Path) -> None:
-        """Write the observation as JSON (atomically: a concurrent compile may read it)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self)))
-        os.replace(tmp, path)
-
-    def load(self, path: Path) -> bool:
-        """Fill this observation from ``path``; False when there is no readable record."""
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return False
-        boundary = data.pop("boundary")
-        for name, value in data.items():
-            setattr(self, name, value)
-        self.boundary = BoundaryEvents(**boundary) if boundary is not None else None
-        return True
+# Everything that decides what the pass does *and what it records*: a cache hit replays the record saved
+# beside Inductor's cache (``compiler/piece_compilers.py``), so the counting and record code is keyed too.
+_COMPILER = Path(__file__).parents[1]
+_PASS_SOURCES = sorted(Path(__file__).parent.glob("*.py")) + [
+    _COMPILER / "fused_ops.py",
+    _COMPILER / "inspection.py",
+    _COMPILER / "report.py",
+]
 
 
 @dataclass
 class SpLabPostGradPass(CustomGraphPass):
-    """SP (``boundary`` policy at the piece edges) and AsyncTP for one piece of one compile range."""
+    """SP (``boundary`` policy at the piece edges) and AsyncTP for one piece of one compile range.
+
+    Running it fills :attr:`record` (what it saw and did in the piece); the compiler adds what only it knows
+    (timings, cache hits, input specs, fingerprint).
+    """
 
     tp_size: int
     rank: int
@@ -78,28 +52,30 @@ class SpLabPostGradPass(CustomGraphPass):
     rule: MatmulRule | None = None
     heuristic_default: str = "fuse"
     splitting_ops: frozenset[str] = frozenset()
-    observation: PieceObservation = field(default_factory=PieceObservation)
+    piece_index: int = 0  # which piece this pass runs on: labels the record, not part of uuid()
+    piece_name: str = "graph"
+    record: PieceRecord | None = None
 
     def __call__(self, graph: fx.Graph) -> None:
-        obs = self.observation
-        obs.ran = True
-        obs.graph_before = graph_snapshot(graph, self.splitting_ops)
-        obs.counts_before = op_counts(graph)
+        graph_before, counts_before = graph_snapshot(graph, self.splitting_ops), op_counts(graph)
         before = {n.name for n in graph.nodes}
         output_before = [shape_json(a.meta.get("val")) if isinstance(a, fx.Node) else None for a in _outputs(graph)]
+        matches: dict[CountKey, int] = {}
+        sp_rewrites, copies, decisions = (), (), ()
         group = self.group_name
         if self.enable_sp:
             sp = apply_sequence_parallel(
                 graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=policy_for(self.boundary)
             )
-            obs.matches.update({f"sp_{form}": sp.count(form) for form in ("first", "middle", "last")})
-            obs.matches["boundary_gather"] = len(sp.boundary.gathered_outputs) + len(sp.boundary.gathered_copies)
-            obs.matches["boundary_erase"] = len(sp.boundary.erased_copies)
-            obs.boundary = sp.boundary
+            matches.update({CountKey(f"sp_{form}"): sp.count(form) for form in ("first", "middle", "last")})
+            events = sp.boundary
+            matches[CountKey.BOUNDARY_GATHER] = len(events.gathered_outputs) + len(events.copies_by("gathered"))
+            matches[CountKey.BOUNDARY_ERASE] = len(events.copies_by("erased"))
+            sp_rewrites, copies = tuple(sp.rewrites), tuple(events.copies)
             if sp.rewrites and group is None:
                 group = next(n.args[-1] for n in graph.nodes if n.op == "call_function" and "reduce_scatter" in str(n.target))
         if self.enable_async_tp and group is not None:
-            decisions = apply_async_tp(
+            fusion = apply_async_tp(
                 graph,
                 tp_size=self.tp_size,
                 group_name=group,
@@ -108,16 +84,27 @@ class SpLabPostGradPass(CustomGraphPass):
                 rule=self.rule,
                 default=self.heuristic_default,
             )
-            obs.decisions = decisions.candidates
-            obs.matches["async_tp_ag_mm"] = decisions.fused("all_gather_matmul")
-            obs.matches["async_tp_mm_rs"] = decisions.fused("matmul_reduce_scatter")
-        obs.graph_after = graph_snapshot(graph, self.splitting_ops)
-        obs.counts_after = op_counts(graph)
-        obs.changed = [n.name for n in graph.nodes if n.name not in before]
-        obs.outputs = [
-            {"index": i, "shape_before": b, "shape": shape_json(a.meta.get("val")) if isinstance(a, fx.Node) else None}
-            for i, (a, b) in enumerate(zip(_outputs(graph), output_before))
-        ]
+            decisions = tuple(fusion.candidates)
+            matches[CountKey.ASYNC_TP_AG_MM] = fusion.fused("all_gather_matmul")
+            matches[CountKey.ASYNC_TP_MM_RS] = fusion.fused("matmul_reduce_scatter")
+        self.record = PieceRecord(
+            index=self.piece_index,
+            name=self.piece_name,
+            kind="compiled",
+            matches=matches,
+            op_counts_before=counts_before,
+            op_counts_after=op_counts(graph),
+            graph_before=graph_before,
+            graph_after=graph_snapshot(graph, self.splitting_ops),
+            changed=tuple(n.name for n in graph.nodes if n.name not in before),
+            outputs=tuple(
+                PieceOutput(i, shape_json(a.meta.get("val")) if isinstance(a, fx.Node) else None, b)
+                for i, (a, b) in enumerate(zip(_outputs(graph), output_before))
+            ),
+            async_tp_decisions=decisions,
+            sp_rewrites=sp_rewrites,
+            copies=copies,
+        )
 
     def uuid(self) -> str:
         h = hashlib.sha256()

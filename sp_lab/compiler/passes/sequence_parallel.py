@@ -21,6 +21,7 @@ by a later one), ``last`` (joins an earlier residual; only its normed output is 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from torch import fx
 
 from sp_lab.compiler.passes.boundary import BoundaryEvents, BoundaryPolicy
 from sp_lab.compiler.passes.graph_builder import GraphBuilder, is_tensor_node, same_size
+from sp_lab.compiler.report import SPRewrite
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -53,12 +55,12 @@ TOKEN_LOCAL_OTHER = {aten._to_copy.default, aten.clone.default, aten.alias.defau
 class SPResult:
     """What the SP rewrite did to one graph."""
 
-    rewrites: list[dict] = field(default_factory=list)  # {"all_reduce": name, "form": first|middle|last}
+    rewrites: list[SPRewrite] = field(default_factory=list)
     boundary: BoundaryEvents = field(default_factory=BoundaryEvents)
     added: list[str] = field(default_factory=list)
 
     def count(self, form: str) -> int:
-        return sum(r["form"] == form for r in self.rewrites)
+        return sum(r.form == form for r in self.rewrites)
 
 
 def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
@@ -160,7 +162,7 @@ class _Rewriter:
     def _rewrite_site(self, wait: fx.Node, index: int) -> None:
         all_reduce = wait.args[0]
         x = all_reduce.args[0]
-        with self.graph.inserting_before(wait):
+        with self.graph.inserting_before(wait), self.b.standing_for(wait):
             producer = x
             if x.target in (aten.mm.default, aten.addmm.default) and len(x.users) == 1 and self.needs_pad:
                 # Pad the matmul's rows instead of its output so that mm -> reduce_scatter stays fusable.
@@ -174,7 +176,7 @@ class _Rewriter:
                 to_scatter = self._padded(x)
             self.shard[wait] = self.b.reduce_scatter(to_scatter, self.tp, self.group_name)
         self.lineage[wait] = frozenset({index})
-        self.result.rewrites.append({"all_reduce": all_reduce.name, "form": "first"})
+        self.result.rewrites.append(SPRewrite(all_reduce.name, "first"))
 
     def _shard_token_local(self, node: fx.Node) -> None:
         out_ndim = node.meta["val"].dim()
@@ -186,7 +188,7 @@ class _Rewriter:
                 return self._shard_of_full(arg)
             return arg
 
-        with self.graph.inserting_before(node):
+        with self.graph.inserting_before(node), self.b.standing_for(node):
             args = fx.node.map_aggregate(node.args, to_shard)
             kwargs = fx.node.map_aggregate(node.kwargs, to_shard)
             self.shard[node] = self.b.call(node.target, *args, **kwargs)
@@ -199,7 +201,7 @@ class _Rewriter:
         self.lineage[node] = merged
 
     def _rewrite_consumer(self, node: fx.Node) -> None:
-        with self.graph.inserting_before(node):
+        with self.graph.inserting_before(node), self.b.standing_for(node):
             if node.target in (aten.mm.default, aten.addmm.default):
                 a_index = 0 if node.target is aten.mm.default else 1
                 a = node.args[a_index]
@@ -251,9 +253,10 @@ class _Rewriter:
                     self._shard_token_local(node)
                 else:
                     self._rewrite_consumer(node)
-        for i, rewrite in enumerate(self.result.rewrites):
-            if i in self.joined_earlier:
-                rewrite["form"] = "middle" if i in self.joined_later else "last"
+        self.result.rewrites = [
+            dataclasses.replace(r, form="middle" if i in self.joined_later else "last") if i in self.joined_earlier else r
+            for i, r in enumerate(self.result.rewrites)
+        ]
         self.graph.eliminate_dead_code()
         # wait_tensor counts as side-effecting for FX's dead-code elimination: drop the replaced pairs by hand.
         for wait in site_waits:

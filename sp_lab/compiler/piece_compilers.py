@@ -1,0 +1,150 @@
+"""How one piece becomes callable: a small interface with three implementations, chosen once per range.
+
+- :class:`InductorPieces`: Inductor from a Dynamo-level (torch IR) piece, ``compile_fx``;
+- :class:`InductorPieces` with ``aten=True``: Inductor's inner compile for a piece that is already a
+  functional aten graph (the ``sharded`` path splits the AOT graph; a second AOT trace would be wasted);
+- :class:`PassesOnly`: trace to the aten graph Inductor would receive and run the passes on it, no code
+  generation (inspect-only compiles of meta-device models).
+
+Each returns a :class:`CompiledPiece`: the callable and the record our post-grad pass filled. Inductor's
+FX-graph cache stays on; on a cache hit the pass does not run, so the record it made the first time is kept
+beside the cache as JSON (the same :class:`PieceRecord`, written with the report's encoder) under the
+pass's ``uuid()`` and the piece's structural fingerprint.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import fx
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._guards import detect_fake_mode
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+from sp_lab.compiler.inspection import structural_fingerprint
+from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
+from sp_lab.compiler.report import PieceRecord, ReportError, record_from_json, record_to_json
+
+__all__ = ["CompiledPiece", "InductorPieces", "PassesOnly", "PieceCompiler", "choose_piece_compiler"]
+
+
+@dataclass(frozen=True)
+class CompiledPiece:
+    fn: Callable[..., Any]
+    record: PieceRecord  # what the pass saw and did (replayed from the side file on an Inductor cache hit)
+    inductor_cache_hit: bool
+
+
+class PieceCompiler(Protocol):
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> CompiledPiece:
+        """Compile ``gm`` for ``inputs`` (fake) with ``sp_pass`` as Inductor's post-grad pass."""
+        ...
+
+
+def choose_piece_compiler(*, inspect_only: bool, aten: bool) -> PieceCompiler:
+    """The piece compiler of a range: passes only when inspecting, else Inductor (inner when ``aten``)."""
+    return PassesOnly() if inspect_only else InductorPieces(aten=aten)
+
+
+@dataclass(frozen=True)
+class InductorPieces:
+    """Inductor with the FX-graph cache on, and the pass's record kept beside it."""
+
+    aten: bool = False  # the piece is already functional aten (sharded path): inner compile, no AOT trace
+
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> CompiledPiece:
+        side_file = _record_path(sp_pass.uuid(), structural_fingerprint(gm, inputs))
+        compile_one = _compile_aten_piece if self.aten else compile_fx
+        with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": True}):
+            fn = compile_one(gm, inputs)
+        if sp_pass.record is not None:
+            _save(side_file, sp_pass.record)
+            return CompiledPiece(fn, sp_pass.record, False)
+        replayed = _load(side_file)
+        if replayed is not None:
+            return CompiledPiece(fn, dataclasses.replace(replayed, index=sp_pass.piece_index,
+                                                         name=sp_pass.piece_name), True)
+        # A cache hit without our record: compile again with the cache off, so a report is never made up.
+        with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}):
+            fn = compile_one(gm, inputs)
+        _save(side_file, sp_pass.record)
+        return CompiledPiece(fn, sp_pass.record, False)
+
+
+@dataclass(frozen=True)
+class PassesOnly:
+    """AOT-trace ``gm`` to the functional aten graph Inductor would receive and run the pass on it."""
+
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> CompiledPiece:
+        def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
+            sp_pass(aten_gm.graph)
+            aten_gm.recompile()
+            return make_boxed_func(aten_gm)
+
+        gm = with_tuple_output(gm) or gm  # AOT wants tuple outputs; nothing runs the result
+        with torch._guards.tracing(torch._guards.TracingContext(detect_fake_mode(inputs))):
+            fn = aot_module_simplified(
+                gm, inputs, fw_compiler=forward_compiler, decompositions=select_decomp_table(),
+                keep_inference_input_mutations=True,
+            )
+        return CompiledPiece(fn, sp_pass.record, False)
+
+
+def with_tuple_output(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A copy of ``gm`` returning ``(x,)`` where it returned ``x``; None when it already returns a tuple."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    if isinstance(output.args[0], (tuple, list)):
+        return None
+    graph = copy.deepcopy(gm.graph)
+    tuple_output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    tuple_output.args = ((tuple_output.args[0],),)
+    return fx.GraphModule(gm, graph)
+
+
+def _compile_aten_piece(gm: fx.GraphModule, inputs: list[Any]) -> Callable:
+    """Inductor's inner compile for a piece that is already a functional aten graph (the sharded path)."""
+    single = with_tuple_output(gm)
+    # A tracing context of its own: the enclosing one belongs to the whole graph's AOT trace.
+    with torch._guards.tracing(torch._guards.TracingContext(detect_fake_mode(inputs))):
+        compiled = compile_fx_inner(single if single is not None else gm, inputs, is_inference=True)
+
+    def run(*args: Any) -> Any:
+        out = compiled(list(args))
+        return out[0] if single is not None else out
+
+    return run
+
+
+# -- the record kept beside Inductor's cache ------------------------------------------------------------------
+
+
+def _record_path(pass_uuid: str, fingerprint: str) -> Path:
+    key = hashlib.sha256(f"{pass_uuid}:{fingerprint}".encode()).hexdigest()[:32]
+    return Path(cache_dir()) / "sp_lab_piece_records" / f"{key}.json"
+
+
+def _save(path: Path, record: PieceRecord) -> None:
+    """Write the record as JSON (atomically: a concurrent compile may read it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record_to_json(record)))
+    os.replace(tmp, path)
+
+
+def _load(path: Path) -> PieceRecord | None:
+    """The record at ``path``; None when there is none or it is unreadable (then the piece compiles again)."""
+    try:
+        return record_from_json(PieceRecord, json.loads(path.read_text()))
+    except (OSError, ValueError, ReportError):
+        return None

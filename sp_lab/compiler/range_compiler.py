@@ -1,0 +1,265 @@
+"""Compiling one token range's artifact from one Dynamo graph, and filling its RangeReport.
+
+Three strategies, chosen once from the config:
+
+- ``compile_mode="full_graph"``: Inductor on the whole graph, SP + AsyncTP as its post-grad pass;
+- boundary in {none, gather_erase, gather}: split at the splitting ops, each piece through Inductor with
+  SP + AsyncTP inside the piece (vLLM's design) and the boundary policy at its edges;
+- boundary ``sharded``: AOT-trace the whole graph to aten, apply SP to all of it, *then* split, so the
+  residual crosses boundaries as a token shard and each piece is compiled (Inductor's inner compile) for
+  the shapes it really receives; AsyncTP runs inside each piece.
+
+Pieces with the same structural fingerprint (every decoder layer) share one compiled artifact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import fx
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._guards import detect_fake_mode
+from torch._inductor.decomposition import select_decomp_table
+
+from sp_lab.compiler.crossings import record_boundaries
+from sp_lab.compiler.cudagraphs import CudaGraphPiece
+from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs, with_range
+from sp_lab.compiler.fake_inputs import meta_devices_to_cpu, range_inputs
+from sp_lab.compiler.inspection import structural_fingerprint, tensor_spec
+from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
+from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
+from sp_lab.compiler.piece_compilers import CompiledPiece, PieceCompiler, choose_piece_compiler
+from sp_lab.compiler.report import CountKey, PieceRecord, RangeReport
+from sp_lab.compiler.split import SplitGraph, split_at
+from sp_lab.compiler.tensor_names import TensorNames
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sp_lab.compiler.passes.sequence_parallel import SPResult
+    from sp_lab.compiler.ranges import CompileRange
+    from sp_lab.config import EffectiveConfig, LabConfig
+
+__all__ = ["RangeCompiler"]
+
+
+class RangeCompiler:
+    """Compiles the artifact of one token range from one Dynamo graph and fills ``report`` (its entry)."""
+
+    def __init__(
+        self,
+        *,
+        config: LabConfig,
+        effective: EffectiveConfig,
+        compile_range: CompileRange,
+        report: RangeReport,
+        gm: fx.GraphModule,
+        example_inputs: list[Any],
+        fake_mode: FakeTensorMode | None,
+        token_index: int,
+        inspect_only: bool,
+        at_capture_size: Callable[[], bool],
+    ):
+        self.config, self.effective, self.range, self.report = config, effective, compile_range, report
+        self.gm_to_run = gm
+        self.gm = meta_devices_to_cpu(gm) if inspect_only else gm
+        self.token_index, self.inspect_only, self.at_capture_size = token_index, inspect_only, at_capture_size
+        self.example_inputs, self.fake_mode = range_inputs(
+            example_inputs, token_index, compile_range, fake_mode, inspect_only=inspect_only
+        )
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
+        self.splitting_ops = frozenset(config.splitting_ops)
+        self.names = TensorNames(self.gm, self.splitting_ops)
+        self._dedup: dict[str, CompiledPiece] = {}
+
+    def compile(self) -> Callable:
+        start = time.perf_counter()
+        if self.config.compile_mode == "full_graph":
+            fn = self._compile_full_graph()
+        elif self.config.boundary == "sharded" and self.range.enable_sp:
+            fn = self._compile_sharded()
+        else:
+            pieces = choose_piece_compiler(inspect_only=self.inspect_only, aten=False)
+            fn = self._compile_split(self.gm, self.example_inputs, pieces, in_piece_sp=self.range.enable_sp)
+        self.report.compile_time_s = time.perf_counter() - start
+        self.report.compiled = True
+        if self.effective.fused_op_impl == "symm_mem" and not self.inspect_only:
+            self._reserve_symm_mem_workspace()
+        if self.inspect_only:
+            return self.gm_to_run  # the report is complete; calls run the captured graph as it is
+        return fn
+
+    def _reserve_symm_mem_workspace(self) -> None:
+        """Size the symmetric-memory workspace for the largest fused matmul of the range, up front.
+
+        The fused kernels grow the workspace on demand by re-allocating it; a CUDA graph captured before that
+        would keep pointing at the freed buffer. Reserving for ``hi`` tokens before any capture avoids it.
+        """
+        from torch.distributed._symmetric_memory import get_symm_mem_workspace
+
+        rows = self.range.hi + self.effective.tp_size  # padded to a multiple of tp
+        widths = [
+            d.k if d.pattern == "all_gather_matmul" else d.n
+            for piece in self.report.pieces
+            for d in piece.async_tp_decisions
+            if d.decision == "fuse" and d.k is not None
+        ]
+        if widths:
+            get_symm_mem_workspace(self.group_name, min_size=rows * max(widths) * 4)  # 4 bytes: fp32 worst case
+
+    def _pass(self, *, sp: bool, policy: str, index: int = 0, name: str = "graph") -> SpLabPostGradPass:
+        return SpLabPostGradPass(
+            tp_size=self.effective.tp_size,
+            rank=self.rank,
+            group_name=self.group_name,
+            enable_sp=sp,
+            enable_async_tp=self.range.enable_async_tp,
+            boundary=policy,
+            m_low=self.range.lo,
+            use_symm_mem=self.effective.fused_op_impl == "symm_mem",
+            rule=self.config.heuristic,
+            heuristic_default=self.config.heuristic_default,
+            splitting_ops=self.splitting_ops,
+            piece_index=index,
+            piece_name=name,
+        )
+
+    # -- strategies ------------------------------------------------------------------------------------------------
+    def _compile_full_graph(self) -> Callable:
+        pieces = choose_piece_compiler(inspect_only=self.inspect_only, aten=False)
+        sp_pass = self._pass(sp=self.range.enable_sp, policy="whole_graph")
+        start = time.perf_counter()
+        compiled = pieces(self.gm, self.example_inputs, sp_pass)
+        self.report.pieces = [dataclasses.replace(
+            compiled.record, compile_time_s=time.perf_counter() - start, inductor_cache_hit=compiled.inductor_cache_hit,
+            inputs=_input_specs(self.gm, self.example_inputs))]
+        return compiled.fn
+
+    def _compile_sharded(self) -> Callable:
+        """SP on the whole AOT (aten) graph, then split: boundaries carry token shards."""
+        pieces = choose_piece_compiler(inspect_only=self.inspect_only, aten=True)
+        whole_graph_sp: list[SPResult] = []
+
+        def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
+            whole_graph_sp.append(apply_sequence_parallel(
+                aten_gm.graph, tp_size=self.effective.tp_size, rank=self.rank, group_name=self.group_name,
+                policy=policy_for("whole_graph"),
+            ))
+            aten_gm.recompile()
+            return make_boxed_func(self._compile_split(aten_gm, aten_inputs, pieces, in_piece_sp=False))
+
+        # AOT must trace in Dynamo's fake mode (its ShapeEnv owns the token-count symbol).
+        with torch._guards.tracing(torch._guards.TracingContext(self.fake_mode)):
+            compiled = aot_module_simplified(
+                self.gm, self.example_inputs, fw_compiler=forward_compiler, decompositions=select_decomp_table(),
+                keep_inference_input_mutations=True,
+            )
+        for sp in whole_graph_sp:
+            # Whole-graph SP rewrites are attributed to the range as a whole, on the first compiled piece.
+            i = next(i for i, p in enumerate(self.report.pieces) if p.kind == "compiled")
+            first = self.report.pieces[i]
+            matches = dict(first.matches)
+            for form in ("first", "middle", "last"):
+                key = CountKey(f"sp_{form}")
+                matches[key] = matches.get(key, 0) + sp.count(form)
+            self.report.pieces[i] = dataclasses.replace(
+                first, matches=matches, sp_rewrites=first.sp_rewrites + tuple(sp.rewrites))
+        return compiled
+
+    def _compile_split(self, gm: fx.GraphModule, inputs: list[Any], pieces: PieceCompiler, *, in_piece_sp: bool) -> Callable:
+        split = split_at(gm, self.config.splitting_ops)
+        policy = self.config.boundary if in_piece_sp else "whole_graph"
+        fake_mode = detect_fake_mode(inputs) or self.fake_mode
+        fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(
+            x, torch._subclasses.FakeTensor) else x for x in inputs]
+        walk = _PieceWalk(split.module, split, lambda submod, args, index, name: self._compile_piece(
+            submod, args, index, name, pieces, sp=in_piece_sp, policy=policy))
+        with fake_mode:
+            walk.run(*fake_inputs)
+        self.report.pieces = walk.records
+        token_node = [n for n in split.module.graph.nodes if n.op == "placeholder"][self.token_index]
+        self.report.boundaries = record_boundaries(
+            split, walk.values, walk.values[token_node].shape[0], walk.records, self.names, self.effective.tp_size)
+
+        for piece in split.compiled_pieces:
+            fn = walk.compiled[piece.name]
+            if self.effective.cudagraphs:
+                fn = CudaGraphPiece(fn, self.at_capture_size)
+            split.module.__dict__[piece.name] = guard_inputs(
+                fn, lambda index=piece.index: self.report.pieces[index], self.report)
+
+        def run(*args: Any) -> Any:
+            return split.module(*args)
+
+        return run
+
+    def _compile_piece(self, submod: fx.GraphModule, args: list[Any], index: int, name: str, pieces: PieceCompiler,
+                       *, sp: bool, policy: str) -> CompiledPiece:
+        fingerprint = structural_fingerprint(submod, args)
+        if fingerprint in self._dedup:
+            hit = self._dedup[fingerprint]
+            return dataclasses.replace(hit, record=dataclasses.replace(
+                hit.record, index=index, name=name, cache_hit=True, compile_time_s=0.0))
+        sp_pass = self._pass(sp=sp, policy=policy, index=index, name=name)
+        start = time.perf_counter()
+        try:
+            compiled = pieces(submod, args, sp_pass)
+        except Exception as e:
+            failure = copy_epilogue_failure(e, sp_pass.record)
+            if failure is None:
+                raise
+            failure = with_range(failure, self.range)
+            self.report.failures.append(failure)
+            raise BoundaryError(explain(failure, self.range, self.config.boundary)) from e
+        record = dataclasses.replace(
+            compiled.record, compile_time_s=time.perf_counter() - start, fingerprint=fingerprint, cache_hit=False,
+            inductor_cache_hit=compiled.inductor_cache_hit, inputs=_input_specs(submod, args))
+        self._dedup[fingerprint] = compiled = dataclasses.replace(compiled, record=record)
+        return compiled
+
+
+class _PieceWalk(fx.Interpreter):
+    """Runs a split graph over fake inputs, compiling every non-splitting piece with the fake args it gets.
+
+    Afterwards: ``compiled`` (callables by piece name), ``records`` (one per piece, in order) and ``values``
+    (the fake value of every node of the split graph).
+    """
+
+    def __init__(self, module: fx.GraphModule, split: SplitGraph,
+                 compile_piece: Callable[[fx.GraphModule, list[Any], int, str], CompiledPiece]):
+        super().__init__(module)
+        self.pieces = {p.name: p for p in split.pieces}
+        self.compile_piece = compile_piece
+        self.compiled: dict[str, Callable] = {}
+        self.records: list[PieceRecord] = []
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.values[n] = super().run_node(n)
+        return self.values[n]
+
+    def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+        submod = self.fetch_attr(target)
+        piece = self.pieces[target]
+        if piece.splitting_op is not None:
+            self.records.append(PieceRecord(piece.index, target, "splitting_op", op=piece.splitting_op))
+            return submod(*args, **kwargs)
+        # Run the piece before compiling it: Inductor rewrites a piece that returns one value to return a list,
+        # in place, so the submodule would hand the next op a list afterwards.
+        out = submod(*args, **kwargs)
+        compiled = self.compile_piece(submod, list(args), piece.index, target)
+        self.compiled[target] = compiled.fn
+        self.records.append(compiled.record)
+        return out
+
+
+def _input_specs(gm: fx.GraphModule, inputs: list[Any]) -> tuple:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return tuple(tensor_spec(p.name, x) for p, x in zip(placeholders, inputs))

@@ -1,0 +1,247 @@
+"""What the compiler writes into the CompileReport: records filled by the passes, the model's names for
+boundary tensors in every strategy, one entry per Dynamo graph, and failures translated only when verified.
+
+Compiles are inspect-only (meta-device models under the fake group: capture, split and every pass run as in
+a real compile, no code generation), so the whole file costs about 12 small compiles, shared by module
+fixtures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import sp_lab
+from sp_lab.compiler import inspection
+from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, guard_inputs
+from sp_lab.compiler.passes import post_grad
+from sp_lab.compiler.report import (
+    CompileReport,
+    CopyEvent,
+    FusionDecision,
+    PieceRecord,
+    RangeReport,
+    SPRewrite,
+    TensorSpec,
+    record_from_json,
+    record_to_json,
+)
+from sp_lab.distributed.collectives import fake_process_group
+
+TP = 2
+STRATEGIES = ("none", "gather_erase", "gather", "sharded")
+LLAMA_MINI = {"num_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2,
+              "vocab_size": 256}
+MODELS = {  # label -> (preset, overrides)
+    "toy": ("toy", {}),
+    "toy_inplace": ("toy", {"residual_inplace": True}),
+    "llama": ("llama-3-8b", LLAMA_MINI),
+}
+
+
+def _config(boundary: str) -> sp_lab.LabConfig:
+    return sp_lab.LabConfig(tp_size=TP, async_tp_min_tokens=8, max_num_tokens=64, boundary=boundary)
+
+
+def _inspect(label: str, boundary: str, token_counts: tuple[int, ...] = (12,)) -> sp_lab.CompiledModel:
+    preset, overrides = MODELS[label]
+    torch._dynamo.reset()
+    model = sp_lab.models.build(preset, tp_rank=0, tp_size=TP, device="meta", **overrides)
+    compiled = sp_lab.compile(model, _config(boundary))
+    for n in token_counts:
+        compiled(torch.arange(n, device="meta"))
+    return compiled
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[tuple[str, str], CompileReport]:
+    with fake_process_group(TP):
+        out = {(label, b): _inspect(label, b).report for label in MODELS for b in STRATEGIES}
+    torch._dynamo.reset()
+    return out
+
+
+# -- boundary names ------------------------------------------------------------------------------------------------
+
+
+def _names(report: CompileReport) -> list[list[str]]:
+    return [[t.name for t in b.tensors] for b in report.range_for(12).boundaries]
+
+
+@pytest.mark.parametrize("label", list(MODELS))
+def test_boundary_tensors_carry_the_models_names_in_every_strategy(reports, label):
+    by_strategy = {b: _names(reports[label, b]) for b in STRATEGIES}
+    first = by_strategy["gather"]
+    assert len(first) == 2  # two layers: two attention boundaries
+    assert set(first[0]) == {"q", "k", "v", "residual", "positions"}, first
+    assert all("residual" in names for names in first)
+    assert not any(name.startswith(("getitem", "add", "wait_tensor")) for names in first for name in names)
+    for boundary, names in by_strategy.items():  # the same names, whichever way the boundary is handed over
+        assert [sorted(n) for n in names] == [sorted(n) for n in first], (boundary, names)
+
+
+@pytest.mark.parametrize("label", list(MODELS))
+def test_boundary_tensors_name_their_module_and_source_line(reports, label):
+    where = {}
+    for boundary in STRATEGIES:
+        for b in reports[label, boundary].range_for(12).boundaries:
+            for t in b.tensors:
+                where.setdefault((b.index, t.name), set()).add((t.module, t.source))
+    assert all(len(places) == 1 for places in where.values()), where  # identical in every strategy
+    (module, source), = where[0, "residual"]
+    assert module == "model.embed_tokens" and source.startswith("layers.py:")
+    (module, source), = where[0, "q"]
+    assert module == "model.layers.0.self_attn.rotary_emb"
+    (module, source), = where[0, "positions"]
+    assert module is None and "positions = torch.arange" in source  # made by the root module
+    residual_1 = where[1, "residual"]
+    expected = "model.embed_tokens" if label == "toy_inplace" else "model.layers.1.input_layernorm"
+    assert {m for m, _ in residual_1} == {expected}  # in place, layer 1 updates the embedding's buffer
+
+
+def test_boundary_tensors_say_which_pieces_make_and_use_them(reports):
+    for (label, boundary), report in reports.items():
+        rng = report.range_for(12)
+        for b in rng.boundaries:
+            split = b.after_piece + 1  # the splitting op's piece
+            for t in b.tensors:
+                producer = rng.pieces[t.producer_piece]
+                assert t.producer_piece < split and producer.kind == "compiled"
+                assert producer.outputs[t.producer_output].shape == t.shape_after, (label, boundary, t)
+                assert t.consumer_inputs and all(piece >= split for piece, _ in t.consumer_inputs)
+                for piece, i in t.consumer_inputs:
+                    consumer = rng.pieces[piece]
+                    if consumer.kind == "compiled" and boundary != "none":  # none: the known mismatch
+                        assert consumer.inputs[i].shape == t.shape_after, (label, boundary, t.name)
+
+
+def test_sharded_boundaries_carry_the_residual_as_a_shard(reports):
+    for label in MODELS:
+        for b in reports[label, "sharded"].range_for(12).boundaries:
+            sharded = {t.name for t in b.tensors if t.sharded_after}
+            assert sharded == {"residual"}, (label, b.index, sharded)
+
+
+# -- records the passes fill ------------------------------------------------------------------------------------
+
+
+def test_passes_fill_typed_records(reports):
+    rng = reports["toy_inplace", "gather_erase"].range_for(12)
+    compiled = [p for p in rng.pieces if p.kind == "compiled"]
+    assert all(isinstance(p, PieceRecord) for p in rng.pieces)
+    rewrites = [r for p in compiled for r in p.sp_rewrites]
+    assert rewrites and all(isinstance(r, SPRewrite) for r in rewrites)
+    assert sum(p.matches.get("sp_first", 0) + p.matches.get("sp_middle", 0) + p.matches.get("sp_last", 0)
+               for p in compiled) == len(rewrites)
+    decisions = [d for p in compiled for d in p.async_tp_decisions]
+    assert decisions and all(isinstance(d, FusionDecision) and d.m == 8 for d in decisions)  # judged at lo
+    assert sum(d.decision == "fuse" for d in decisions) == sum(
+        p.op_counts_after["fused_all_gather_matmul"] + p.op_counts_after["fused_matmul_reduce_scatter"]
+        for p in compiled)
+    erased = [c for p in compiled for c in p.copies]
+    assert erased and all(isinstance(c, CopyEvent) and c.action == "erased" for c in erased)
+    assert rng.numerically_unsafe
+    gathered = [c for p in reports["toy_inplace", "gather"].range_for(12).pieces for c in p.copies]
+    assert gathered and {c.action for c in gathered} == {"gathered"}
+    assert all(isinstance(s, TensorSpec) for s in compiled[0].inputs)
+    mms = [n for n in compiled[0].graph_before.nodes if n.kind == "matmul"]
+    assert mms and all(n.module and n.module.startswith("model.") and n.source.startswith(("layers.py:", "llama.py:"))
+                       for n in mms)
+
+
+def test_the_side_file_stores_the_same_record(reports):
+    """The record kept beside Inductor's cache is the report's own record, written with the report's encoder."""
+    for piece in reports["llama", "sharded"].range_for(12).pieces:
+        assert record_from_json(PieceRecord, record_to_json(piece)) == piece
+
+
+def test_recorded_counts_are_keyed_by_the_code_that_counts(tmp_path, monkeypatch):
+    sp_pass = post_grad.SpLabPostGradPass(tp_size=2, rank=0, group_name="g", enable_sp=True, enable_async_tp=True,
+                                          boundary="gather", m_low=8, use_symm_mem=False)
+    before = sp_pass.uuid()
+    changed = tmp_path / "inspection.py"
+    shutil.copy(inspection.__file__, changed)
+    changed.write_text(changed.read_text() + "\n# counting changed\n")
+    sources = [changed if p == Path(inspection.__file__) else p for p in post_grad._PASS_SOURCES]
+    assert sources != post_grad._PASS_SOURCES  # inspection.py is part of the key
+    monkeypatch.setattr(post_grad, "_PASS_SOURCES", sources)
+    assert sp_pass.uuid() != before
+
+
+# -- every Dynamo graph its own entry -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_graphs() -> tuple[CompileReport, float]:
+    with fake_process_group(TP):
+        torch._dynamo.reset()
+        model = sp_lab.models.build("toy", tp_rank=0, tp_size=TP, device="meta")
+        compiled = sp_lab.compile(model, _config("gather"))
+        start = time.perf_counter()
+        for n in (1, 5, 12, 6):  # 1 token is its own Dynamo graph; 5 and 6 share the symbolic [1, 7] artifact
+            compiled(torch.arange(n, device="meta"))
+        wall = time.perf_counter() - start
+    torch._dynamo.reset()
+    return compiled.report, wall
+
+
+def test_each_dynamo_graph_keeps_its_own_range_entry(two_graphs):
+    report, _ = two_graphs
+    assert [(g.index, g.static_tokens) for g in report.graphs] == [(0, 1), (1, None)]
+    entries = [(r.lo, r.hi, r.dynamo_graph, r.static_tokens, r.compiled) for r in report.ranges]
+    assert entries == [(1, 7, 0, 1, True), (1, 7, 1, None, True), (8, 64, 1, None, True)]
+    assert report.range_for(1).static_tokens == 1 and report.range_for(5).static_tokens is None
+    assert all(r.compile_time_s > 0 for r in report.ranges)
+    again = CompileReport.from_json(report.to_json())
+    assert again.to_dict() == report.to_dict()
+
+
+def test_compile_times_add_up_to_what_the_first_calls_cost(two_graphs):
+    report, wall = two_graphs
+    assert all(g.capture_time_s > 0 for g in report.graphs)
+    # Captures + range compiles == the calls' wall time, less only the (meta-device) forwards themselves.
+    assert 0.9 * wall <= report.compile_time_s <= wall, (report.compile_time_s, wall)
+
+
+def test_recompile_limit_is_raised_only_inside_sp_labs_calls(two_graphs):
+    assert torch._dynamo.config.recompile_limit == 8
+
+
+# -- failures translated only when verified ----------------------------------------------------------------------
+
+
+def _kept_copy_record() -> PieceRecord:
+    kept = CopyEvent("arg1_1", ("s0", 64), ("((s0 + 1)//2)", 64), "kept")
+    return PieceRecord(2, "submod_2", "compiled", copies=(kept,))
+
+
+def test_a_failed_kept_copy_is_a_boundary_failure():
+    error = RuntimeError("expand: attempting to expand a dimension of length ((s0 + 1)//2) -> s0!")
+    failure = copy_epilogue_failure(error, _kept_copy_record())
+    assert failure is not None and (failure.piece, failure.tensor, failure.check) == (2, "arg1_1", "copy_epilogue")
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA out of memory",  # unrelated
+    "expand: attempting to expand a dimension of length 3 -> 7!",  # an expand, but not of the kept copy
+])
+def test_other_errors_in_a_piece_with_a_kept_copy_are_not_relabelled(message):
+    assert copy_epilogue_failure(RuntimeError(message), _kept_copy_record()) is None
+
+
+def test_an_assertion_outside_inductors_code_passes_through():
+    def piece(*args: Any) -> Any:
+        raise AssertionError("expected size 6==12, stride 64==64 at dim=0")  # right text, wrong place
+
+    record = dataclasses.replace(_kept_copy_record(), inputs=(TensorSpec("arg1_1", ("s0", 64), "float32"),))
+    report = RangeReport(8, 64, True, True, "none", "piecewise")
+    with pytest.raises(AssertionError):
+        guard_inputs(piece, lambda: record, report)(torch.empty(6, 64))
+    assert report.failures == []
+    assert not issubclass(AssertionError, BoundaryError)
