@@ -28,6 +28,9 @@ import torch
 
 import sp_lab
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200"))
+from provenance import provenance  # benchmarks/h200/provenance.py
+
 TOKENS = (5, 16, 100, 512)
 # (model, build kwargs, dtype, bound on max |compiled - eager|). fp32: Inductor's fusions reorder sums
 # (~1e-7 seen). bf16: a 2-layer Llama-3-8B shape has logits up to ~5 whose bf16 spacing is 2**-5; compiled
@@ -62,8 +65,9 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     torch.compile(lambda x: x + 1)(torch.ones(4, device="cuda"))  # Inductor start-up, outside every comparison
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-               "inductor_startup_s": time.perf_counter() - start, "checks": [], "compile_s": [], "failures": []}
+    results = {"meta": provenance(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "cuda": torch.version.cuda, "inductor_startup_s": time.perf_counter() - start, "checks": [],
+               "compile_s": [], "failures": []}
     for name, kwargs, dtype, bound in MODELS:
         model = sp_lab.models.build(name, dtype=dtype, device="cuda", **kwargs)
         ids = {n: torch.randint(0, model.spec.vocab_size, (n,), device="cuda") for n in TOKENS}

@@ -30,6 +30,16 @@ MODELS = [
 ]
 
 
+def _write(out_dir: str, rows: list[dict], failures: list[str]) -> None:
+    doc = {"meta": provenance(source="rehearsal", what="tp-way compiled (SP + AsyncTP, symm_mem fused ops) vs tp 1 "
+                              "eager logits, all ranks on one GPU (gloo group, overlapping-device symmetric memory)",
+                              cannot_check="overlap of communication and compute; CUDA-graph capture of collectives",
+                              failures=failures),
+           "rows": rows}
+    with open(os.path.join(out_dir, "rehearsal_numerics.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main() -> int:
     quick = "--quick" in sys.argv
     out_dir = os.environ.get("OUT", "out")
@@ -53,13 +63,7 @@ def main() -> int:
                 if row.sp_active and not row.error and not (row.fused_all_gather_matmul and row.fused_matmul_reduce_scatter):
                     failures.append(f"{name} tp{tp} {row.boundary} {row.num_tokens}: SP on but fused ops missing")
             print(f"{name} tp {tp}: {time.perf_counter() - start:.1f} s", flush=True)
-    doc = {"meta": provenance(source="rehearsal", what="tp-way compiled (SP + AsyncTP, symm_mem fused ops) vs tp 1 "
-                              "eager logits, all ranks on one GPU (gloo group, overlapping-device symmetric memory)",
-                              cannot_check="overlap of communication and compute; CUDA-graph capture of collectives",
-                              failures=failures),
-           "rows": rows}
-    with open(os.path.join(out_dir, "rehearsal_numerics.json"), "w") as f:
-        json.dump(doc, f, indent=1)
+            _write(out_dir, rows, failures)  # after every case: a run cut short keeps what it measured
     print("rehearsal:", "OK" if not failures else "FAILED\n  " + "\n  ".join(failures), flush=True)
     return 0 if not failures else 1
 
