@@ -128,14 +128,6 @@ DEFAULT_RELEASE = "2026.03"
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 """vLLM's ``CUDAGraphMode`` names (the same in all three releases)."""
 
-VLLM_CUDAGRAPH_MODE = {
-    "none": "NONE",
-    "piecewise": "PIECEWISE",
-    "full": "FULL",
-    "full_and_piecewise": "FULL_AND_PIECEWISE",
-}
-"""``LabConfig.cudagraph_mode`` -> vLLM's ``cudagraph_mode``, where vLLM keeps the piece boundaries (no SP)."""
-
 
 def release(name: str) -> VllmRelease:
     """The release called ``name``; an unknown name is an error listing the known ones."""
@@ -174,15 +166,17 @@ def compilation_config(config: LabConfig, name: str) -> dict[str, Any]:
             "single-threshold policy (sp_min_tokens=None) or keep this config to sp_lab"
         )
     out: dict[str, Any] = {rel.mode_field: 3, "pass_config": {rel.sp_flag: sp, rel.async_tp_flag: fused}}
+    # LabConfig.cudagraph_mode ("none", "piecewise", "full", "full_and_piecewise") names vLLM's CUDAGraphMode
+    graphs = getattr(config, "cudagraph_mode", None)
     if not sp:
-        if config.cudagraph_mode != "none":
-            out["cudagraph_mode"] = VLLM_CUDAGRAPH_MODE[config.cudagraph_mode]
+        if graphs not in (None, "none"):
+            out["cudagraph_mode"] = graphs.upper()
         return out
     start = config.sp_start
     out["splitting_ops"] = []
     # Piece-wise CUDA graphs would need piece boundaries: full graphs for every batch where sp_lab measured
     # its "full" mode, else for decode batches.
-    out["cudagraph_mode"] = "FULL" if config.cudagraph_mode == "full" else "FULL_DECODE_ONLY"
+    out["cudagraph_mode"] = "FULL" if graphs == "full" else "FULL_DECODE_ONLY"
     if rel.sp_threshold_field is not None:
         out["pass_config"][rel.sp_threshold_field] = start
     else:

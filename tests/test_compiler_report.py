@@ -245,3 +245,46 @@ def test_an_assertion_outside_inductors_code_passes_through():
         guard_inputs(piece, lambda: record, report)(torch.empty(6, 64))
     assert report.failures == []
     assert not issubclass(AssertionError, BoundaryError)
+
+
+# -- Inductor's FX-graph cache: the pass's record is replayed, never made up ------------------------------------
+
+
+class _TwoNorms(torch.nn.Module):
+    """``x [T, 16] -> linear -> all_reduce -> RMSNorm`` twice: one piece, two SP sites, AsyncTP candidates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(16, 16, generator=g)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+
+        for w in self.weights:
+            y = funcol.all_reduce(torch.nn.functional.linear(x, w), "sum", dist.group.WORLD)
+            x = torch.nn.functional.rms_norm(y, (16,), eps=1e-6)
+        return x
+
+
+def test_an_inductor_cache_hit_replays_the_pass_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # cold, and ours alone
+    records = []
+    with fake_process_group(TP):
+        for attempt in range(3):
+            if attempt == 2:  # the side file lost: the piece compiles again with the cache off
+                for side_file in (tmp_path / "sp_lab_piece_records").glob("*.json"):
+                    side_file.unlink()
+            torch._dynamo.reset()
+            compiled = sp_lab.compile(_TwoNorms(), _config("gather"))
+            compiled(torch.randn(12, 16))
+            (piece,) = compiled.report.range_for(12).pieces
+            records.append(piece)
+    torch._dynamo.reset()
+    assert [p.inductor_cache_hit for p in records] == [False, True, False]
+    assert records[0].op_counts_after["fused_all_gather_matmul"] + records[0].op_counts_after[
+        "fused_matmul_reduce_scatter"] > 0
+    timing = {"compile_time_s": 0.0, "inductor_cache_hit": None}
+    same = [dataclasses.replace(p, **timing) for p in records]
+    assert same[1] == same[0] and same[2] == same[0]  # counts, matches, decisions, snapshots: all as first seen

@@ -125,3 +125,21 @@ def test_a_second_threshold_is_reported_with_its_gain():
 def test_recommend_says_what_to_measure():
     with pytest.raises(ValueError, match="needs 'baseline' and at least one of"):
         recommend([{"num_tokens": 8, "variant": "sp", "latency_us": 1.0}], LabConfig())
+
+
+def test_rows_written_before_intervals_use_their_spread(tmp_path):
+    """A version-1 store part (no ci columns) still reads, and its p10-p90 spread stands in for the interval."""
+    from test_store import make_row
+
+    from sp_lab.bench.store import SweepStore
+
+    store = SweepStore(tmp_path)
+    store.append([make_row(t, variant=v, reported_variant=v, latency_us=f(t), config_hash=v, p10_us=0.9 * f(t),
+                           p90_us=1.1 * f(t), repeats=9) for t in TOKENS for v, f in CROSSING.items()])
+    (part,) = store.parts()
+    old = pl.read_parquet(part).drop("ci_low_us", "ci_high_us").with_columns(schema_version=pl.lit(1, pl.Int32))
+    old.write_parquet(part)
+    rows = store.read()
+    assert rows["ci_low_us"].null_count() == rows.height  # read, with the new columns null
+    rec = recommend(rows, LabConfig())
+    assert rec.noise_known and rec.policy.threshold == 256

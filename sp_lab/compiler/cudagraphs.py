@@ -133,11 +133,11 @@ class FullCudaGraphs:
 
     def __init__(self, forward: Callable[[torch.Tensor], Any]):
         self.forward = forward
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
-        self.static_tokens: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self.static_tokens: dict[tuple[int, ...], torch.Tensor] = {}
 
     def __call__(self, tokens: torch.Tensor) -> Any:
-        size = tokens.shape[0]
+        size = tuple(tokens.shape)  # the token count, in whichever dim holds it
         static = self.static_tokens.get(size)
         if static is None:
             self.static_tokens[size] = static = tokens.clone()
@@ -165,13 +165,16 @@ class StaticTokens:
     def __init__(self) -> None:
         self.buffers: dict[int, torch.Tensor] = {}
 
-    def stage(self, tokens: torch.Tensor, padded: int) -> torch.Tensor:
-        """``tokens [T, ...]`` copied into the buffer of ``padded >= T`` rows (rows past ``T`` zero)."""
+    def stage(self, tokens: torch.Tensor, padded: int, dim: int = 0) -> torch.Tensor:
+        """``tokens`` (``T`` tokens in dim ``dim``) copied into the buffer of ``padded >= T`` tokens, the
+        tokens past ``T`` zero."""
+        shape = list(tokens.shape)
+        shape[dim] = padded
         buffer = self.buffers.get(padded)
-        if buffer is None or buffer.device != tokens.device or buffer.dtype != tokens.dtype:
-            buffer = self.buffers[padded] = tokens.new_zeros((padded, *tokens.shape[1:]))
-        num_tokens = tokens.shape[0]
-        buffer[:num_tokens].copy_(tokens)
+        if buffer is None or list(buffer.shape) != shape or buffer.device != tokens.device or buffer.dtype != tokens.dtype:
+            buffer = self.buffers[padded] = tokens.new_zeros(shape)
+        num_tokens = tokens.shape[dim]
+        buffer.narrow(dim, 0, num_tokens).copy_(tokens)
         if num_tokens < padded:
-            buffer[num_tokens:].zero_()
+            buffer.narrow(dim, num_tokens, padded - num_tokens).zero_()
         return buffer

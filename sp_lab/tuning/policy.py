@@ -215,8 +215,10 @@ class Recommendation:
             if s.gain <= 0:
                 lines.append("a second threshold would gain nothing")
             else:
-                lines.append(f"a second threshold ({s.policy.name}) would lower total regret by {s.gain:.3f}"
-                             + (" (beyond noise)" if s.beyond_noise else " (within noise)"))
+                noise = ("rows carry no interval" if not self.noise_known
+                         else "beyond noise" if s.beyond_noise else "within noise")
+                lines.append(f"a second threshold ({s.policy.name}) would lower total regret by {s.gain:.3f} "
+                             f"({noise})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, object]:

@@ -69,10 +69,11 @@ def _recommendation_html(rec: Recommendation) -> str:
     s = rec.second_threshold
     second = ""
     if s is not None:
+        noise = "rows carry no interval" if not rec.noise_known else "beyond noise" if s.beyond_noise else "within noise"
         second = ("<li>A second threshold would gain nothing.</li>" if s.gain <= 0 else
                   f"<li>A second threshold ({html.escape(s.policy.name)}) would lower the total regret by "
-                  f"{s.gain:.3f} ({'beyond' if s.beyond_noise else 'within'} noise); vLLM gates SP and AsyncTP "
-                  "at one token count, so it is not recommended.</li>")
+                  f"{s.gain:.3f} ({noise}); vLLM gates SP and AsyncTP at one token count, so it is not "
+                  "recommended.</li>")
     lo_w, hi_w = rec.worst_interval
     lo_t, hi_t = rec.total_interval
     table = rec.table.with_columns(pl.col("num_tokens").cast(pl.String))
@@ -113,14 +114,16 @@ def write_report(
         )
     shown = recommendation.config if recommendation is not None else config
     sources = sorted(set(rows["source"].to_list()))
-    figures = [plot_latency(rows, config=shown, title=f"Forward latency vs tokens (source: {', '.join(sources)})")]
+    title = f"Forward latency vs tokens (source: {', '.join(sources)})"
+    figures = [plot_latency(rows, config=shown, title=title)]
     if compile_report is not None:
         from sp_lab.viz.graph import load_report, plot_overview
 
         figures.append(plot_overview(load_report(compile_report)))
     divs = [f.to_html(full_html=False, include_plotlyjs=include_plotlyjs if i == 0 else False)
             for i, f in enumerate(figures)]
-    provenance = rows.group_by(list(PROVENANCE_COLUMNS)).agg(pl.len().alias("rows")).sort(list(PROVENANCE_COLUMNS))
+    columns = list(PROVENANCE_COLUMNS)
+    provenance = rows.group_by(columns).agg(pl.len().alias("rows")).sort(columns)
     ran = (rows.group_by("reported_variant", "source")
            .agg(pl.len().alias("rows"), pl.col("sp_rewrites").max().alias("SP rewrites (max)"),
                 pl.col("n_fused_ag_mm").max().alias("fused AG+mm (max)"),
