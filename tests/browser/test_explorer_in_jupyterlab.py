@@ -65,7 +65,7 @@ def test_clicking_a_piece_opens_its_drilldown(lab):
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1200})
+            page = browser.new_page(viewport={"width": 1600, "height": 2400})  # the drill-down fits
             page.goto(f"{base}/lab/tree/{name}?token={token}")
             run_all_cells(page)
             deadline = time.monotonic() + RUN_TIMEOUT_S
