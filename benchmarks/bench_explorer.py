@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     graph.piece_diff_data(report, args.range_index, index), mode),
                 args.repeats, before=_cached_layout.cache_clear)
     worst = max(drilldown.items(), key=lambda kv: kv[1]["median_s"])
-    sizes = {i: len(report.ranges[data.range.index].pieces[i].graph_after.nodes) for i in distinct.values()}
+    sizes = {i: len(data.range.pieces[i].graph_after.nodes) for i in distinct.values()}
     ok = results["overview"]["median_s"] < OVERVIEW_TARGET_S and worst[1]["median_s"] < DRILLDOWN_TARGET_S
     print(json.dumps({
         "bench": "explorer", "report": str(args.report) if args.report else

@@ -70,7 +70,7 @@ def test_schema_1_files_load_into_records_and_round_trip(path):
 
 
 def test_erased_copies_of_a_schema_1_report_become_copy_events():
-    raw = _raw(DATA / "explorer" / "toy_inplace_gather_erase.json.gz")
+    raw = _raw(DATA / "explorer" / "schema1_toy_inplace_gather_erase.json.gz")
     report = CompileReport.from_dict(raw)
     (i, raw_range), = [(i, r) for i, r in enumerate(raw["ranges"]) if r["erased_copies"]]
     rng = report.ranges[i]

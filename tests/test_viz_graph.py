@@ -21,7 +21,6 @@ import pytest
 from sp_lab.compiler.report import CompileReport
 from sp_lab.viz import dag_layout, graph
 from sp_lab.viz.piece_graph import is_folded
-from sp_lab.viz.report_input import to_plain
 
 DATA = Path(__file__).parent / "data" / "explorer"
 MODELS = ("toy", "toy_inplace", "llama")
@@ -66,7 +65,7 @@ def test_fixture_is_what_the_compiler_reads_back(key):
 def test_overview_pieces_say_what_they_run(reports, key):
     model, strategy = key
     data = graph.overview_data(reports[key])
-    assert data.range.index == 1 and data.range.enable_sp and data.range.enable_async_tp  # default: the SP range
+    assert data.range_index == 1 and data.range.enable_sp and data.range.enable_async_tp  # default: the SP range
     assert [p.kind for p in data.pieces] == ["compiled", "splitting_op"] * 2 + ["compiled"]
     ops = [p.ops_text for p in data.pieces if p.kind == "compiled"]
     # Every piece fuses AsyncTP's matmuls; the last all-gathers for the final norm's output.
@@ -90,6 +89,28 @@ def test_overview_pieces_say_what_they_run(reports, key):
 
 
 @pytest.mark.parametrize("model", MODELS)
+def test_boundary_tensors_carry_the_models_names_in_every_strategy(reports, model):
+    """Names a person knows (the model's variables), the same whichever boundary strategy compiled the model, and
+    the same in the piece view's graph inputs."""
+    names = {}
+    # (the in-place residual's "none" failed while compiling its SP range: no pieces, no boundaries there)
+    for strategy in [s for s in STRATEGIES if (model, s) != ("toy_inplace", "none")]:
+        data = graph.overview_data(reports[(model, strategy)])
+        names[strategy] = [sorted(t.name for t in b.tensors) for b in data.boundaries]
+        assert all("residual" in b for b in names[strategy]) and "positions" in names[strategy][0], names[strategy]
+        assert not any(n.startswith(("getitem", "arg")) for b in names[strategy] for n in b)
+        for b in data.boundaries:
+            residual = next(t for t in b.tensors if t.name == "residual")
+            assert residual.sharded_after == (strategy in ("sharded", "none"))
+            assert "residual [" in graph.crossing_text(residual)
+    assert len({str(v) for v in names.values()}) == 1, names
+    # The piece view names the graph inputs that crossed a boundary the same way.
+    diff = graph.piece_diff_data(reports[(model, "sharded")], None, 2)
+    inputs = {n.ops[0] for n in diff.after.nodes if n.kind == "input"}
+    assert {"residual", "positions"} <= inputs, inputs
+
+
+@pytest.mark.parametrize("model", MODELS)
 def test_boundary_bytes_per_token_sharded_vs_full(reports, model):
     """The sharded residual hands over hidden*4/tp bytes per token; gather the full hidden*4."""
     residual = HIDDEN[model] * 4
@@ -101,7 +122,7 @@ def test_boundary_bytes_per_token_sharded_vs_full(reports, model):
         assert s.sharded_bytes_per_token == residual / TP
         assert g.bytes_per_token - s.bytes_per_token == residual - residual / TP
         assert [t.sharded_after for t in s.tensors].count(True) == 1
-        assert g.bytes_per_token == sum(t.bytes_per_token_after for t in g.tensors)
+        assert g.bytes_per_token == sum(t.bytes_per_token_after or 0 for t in g.tensors)
     assert f"{sharded[0].sharded_bytes_per_token:,.0f} sharded" in sharded[0].text
 
 
@@ -124,7 +145,7 @@ def test_in_place_none_fails_while_compiling_and_is_still_drawn(reports):
     """A real in-place ``none`` failure raises while compiling and leaves no pieces: the overview must not say
     "not compiled yet"; it draws the failure in red."""
     data = graph.overview_data(reports[("toy_inplace", "none")])
-    assert data.range.index == 1 and not data.range.compiled and data.pieces == ()
+    assert data.range_index == 1 and not data.range.compiled and data.pieces == ()
     (failure,) = data.failures
     assert failure.check == "copy_epilogue" and failure.piece == 2 and failure.boundary is None
     fig = graph.build_overview_figure(data)
@@ -147,8 +168,7 @@ def test_gather_erase_marks_erased_copies_unsafe(reports):
 
 def test_identical_layers_collapse_and_expand(reports):
     """Two layers are too few to repeat; a report with the middle layer copied five times collapses to a group."""
-    base = graph.as_report(reports[("llama", "sharded")])
-    plain = to_plain(base)
+    plain = reports[("llama", "sharded")].to_dict()
     rng = plain["ranges"][1]
     first, middle_attn, middle, _last_attn, last = rng["pieces"]
     pieces = [first, middle_attn] + [dict(middle), dict(middle_attn)] * 5 + [last]
@@ -172,7 +192,7 @@ def test_identical_layers_collapse_and_expand(reports):
 def test_range_selection_and_errors(reports):
     report = reports[("toy", "sharded")]
     assert not graph.overview_data(report, 0).range.enable_sp
-    assert graph.overview_data(report, -1).range.index == 1
+    assert graph.overview_data(report, -1).range_index == 1
     with pytest.raises(IndexError, match="0: tokens 1-7, 1: tokens 8-64"):
         graph.overview_data(report, 5)
     with pytest.raises(ValueError, match="schema"):
@@ -182,9 +202,9 @@ def test_range_selection_and_errors(reports):
 
 
 def test_uncompiled_range_is_explained(reports):
-    plain = to_plain(reports[("toy", "sharded")])
+    plain = reports[("toy", "sharded")].to_dict()
     plain["ranges"][1].update(pieces=[], boundaries=[], compiled=False, compile_time_s=0.0)
-    assert graph.overview_data(plain).range.index == 0  # the range with pieces
+    assert graph.overview_data(plain).range_index == 0  # the range with pieces
     empty = graph.overview_data(plain, 1)
     assert empty.pieces == () and empty.lane() == []
     assert "not compiled yet" in graph.build_overview_figure(empty).layout.title.text
@@ -218,17 +238,17 @@ def test_llama_norms_collapse_into_one_box_with_their_module(reports, strategy):
     # RMSNorm: pow, mean, add, rsqrt, mul, mul -- post_attention_layernorm of layer 0 and input_layernorm of 1.
     assert [n.count for n in norms] == [6, 6]
     assert [n.ops[0] for n in norms] == ["pow", "pow"] and [n.ops[-1] for n in norms] == ["mul", "mul"]
-    if strategy == "sharded":
-        # SP rewrote the whole graph before the split, and the nodes it creates carry no module: inferred, marked.
-        assert all(n.module is None or (n.module_inferred and " · ~" in n.label) for n in norms)
-    else:  # in-piece SP re-creates each norm on the shard: it takes the module of the norm it replaces
-        assert [n.module for n in norms] == ["model.layers.0.post_attention_layernorm",
-                                             "model.layers.1.input_layernorm"]
+    # SP re-creates each norm on the token shard; the new nodes keep the module of the norm they replace.
+    assert [n.module for n in norms] == ["model.layers.0.post_attention_layernorm", "model.layers.1.input_layernorm"]
+    assert " · layers.0.post_attention_layernorm · " in norms[0].label
+    # A fused op the pass inserted is named after its matmul's weight (inferred, marked "~").
+    fused = [n for n in diff.after.nodes if n.kind == "fused"]
+    assert [n.module.rsplit(".", 1)[-1] for n in fused] == ["o_proj", "gate_up_proj", "down_proj", "qkv_proj"]
+    assert all(n.module_inferred and " · ~layers." in n.label for n in fused)
     assert norms[0].label.startswith("pow…mul ×6 · ")
     matmuls = [n for n in diff.before.nodes if n.kind == "matmul"]
     assert [n.module.rsplit(".", 1)[-1] for n in matmuls] == ["o_proj", "gate_up_proj", "down_proj", "qkv_proj"]
-    if strategy != "sharded":  # (the whole-graph SP re-creates the matmuls: no stack trace)
-        assert all(n.sources and n.sources[0].startswith("layers.py:") for n in matmuls)  # the source line
+    assert all(n.sources and n.sources[0].startswith("layers.py:") for n in matmuls)  # the source line
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -272,10 +292,17 @@ def test_search_by_op_and_module(reports):
 def test_tensor_links_find_producers_and_consumers(reports):
     report = reports[("llama", "gather")]
     data = graph.overview_data(report)
-    residual = next(i for i, t in enumerate(data.boundaries[0].tensors) if t.shape_after[-1] == HIDDEN["llama"])
+    residual = next(i for i, t in enumerate(data.boundaries[0].tensors) if t.name == "residual")
     links = graph.tensor_links(report, None, 0, residual)
-    assert links.producers and all(p.piece == 0 for p in links.producers)
-    assert links.consumers and all(c.piece == 2 for c in links.consumers)
+    assert links.exact and links.tensor == "residual"  # the report says which output and which inputs
+    (producer,) = links.producers
+    assert producer.piece == 0 and producer.shape == data.boundaries[0].tensors[residual].shape_after
+    assert links.consumers and {c.piece for c in links.consumers} == {2}
+    # positions is made in piece 0 by the root module (torch.arange) and read by the rotary embedding.
+    positions = next(i for i, t in enumerate(data.boundaries[0].tensors) if t.name == "positions")
+    made = graph.tensor_links(report, None, 0, positions)
+    assert [p.piece for p in made.producers] == [0] and made.consumers
+    assert all("rotary_emb" in (c.module or "") for c in made.consumers)
     with pytest.raises(IndexError, match="boundaries"):
         graph.tensor_links(report, None, 7, 0)
 
@@ -419,6 +446,6 @@ def test_explorer_widget_click_through(reports):
     ex.search.value = "mlp"
     assert any(t.name == "search match" for t in ex.piece_figure.data)
     ex.range_select.value = 0
-    assert ex.data.range.index == 0 and not ex.data.range.enable_sp and ex.links is None
+    assert ex.data.range_index == 0 and not ex.data.range.enable_sp and ex.links is None
     failed = explore(_path("toy_inplace", "none"))
     assert failed.piece_figure is None and "compile failed" in failed.overview_figure.layout.title.text

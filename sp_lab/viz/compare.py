@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from sp_lab.viz.overview import COLLECTIVE_KEYS, FUSED_KEYS
-from sp_lab.viz.report_input import as_report, resolve_range
+from sp_lab.compiler.report import COLLECTIVE_KEYS, FUSED_KEYS, SP_MATCH_KEYS, CompileReport
+from sp_lab.viz.report_input import as_report, range_label, resolve_range
 
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
@@ -27,13 +27,13 @@ _COMPARE_UNITS = {"boundary bytes/token": "bytes", "boundary bytes/token/layer":
                   "failures": "count", "erased copies": "count"}
 
 
-def _range_metrics(report: Any, ri: int) -> dict[str, float]:
+def _range_metrics(report: CompileReport, ri: int) -> dict[str, float]:
     r = report.ranges[ri]
     n_layers = sum(1 for p in r.pieces if p.kind == "splitting_op") or report.model.get("num_layers") or 1
     counts: dict[str, float] = defaultdict(float)
     for p in r.pieces:
         for k in COLLECTIVE_KEYS:
-            counts[k] += (p.op_counts_after or {}).get(k, 0)
+            counts[k] += p.op_counts_after.get(k, 0)
     crossing = [t for b in r.boundaries for t in b.tensors]
     bytes_per_token = sum(t.bytes_per_token_after or 0.0 for t in crossing)
     return {
@@ -42,8 +42,7 @@ def _range_metrics(report: Any, ri: int) -> dict[str, float]:
         "sharded tensors at boundaries": float(sum(bool(t.sharded_after) for t in crossing)),
         **{f"{k}/layer": counts[k] / n_layers for k in COLLECTIVE_KEYS},
         "fused ops": float(sum(counts[k] for k in FUSED_KEYS)),
-        "sp rewrites": float(sum((p.matches or {}).get(k, 0) for p in r.pieces
-                                 for k in ("sp_first", "sp_middle", "sp_last"))),
+        "sp rewrites": float(sum(p.matches.get(k, 0) for p in r.pieces for k in SP_MATCH_KEYS)),
         "compile time": float(r.compile_time_s or math.nan),
         "cache hits": float(sum(p.cache_hit is True for p in r.pieces)),
         "failures": float(len(r.failures)),
@@ -51,9 +50,9 @@ def _range_metrics(report: Any, ri: int) -> dict[str, float]:
     }
 
 
-def _report_label(report: Any, ri: int) -> str:
+def _report_label(report: CompileReport, ri: int) -> str:
     r = report.ranges[ri]
-    return f"{report.model.get('name', '?')} {r.boundary} tokens {r.lo}-{r.hi}"
+    return f"{report.model.get('name', '?')} {r.boundary} {range_label(r)}"
 
 
 def compare_data(report_a: ReportSource, report_b: ReportSource, *, range_a: int | None = None, range_b: int | None = None,

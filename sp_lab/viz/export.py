@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from sp_lab.viz.overview import overview_data
-from sp_lab.viz.report_input import as_report, to_plain
+from sp_lab.viz.report_input import as_report
 
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
@@ -55,7 +55,7 @@ def emit_trace(report: ReportSource, *, include_overview: bool = True) -> bool:
         return False
     # Outside a compile there is no trace id; saying so stops torch from logging our stack every time.
     extra = {"expect_trace_id": False} if "expect_trace_id" in params else {}
-    payload = to_plain(report)
+    payload = report.to_dict()
     # Dict payloads are serialised by torch with one value per line, which keeps tlparse's lines short.
     trace_structured("artifact", metadata_fn=lambda: {"name": "sp_lab_compile_report", "encoding": "json"},
                      payload_fn=lambda: payload, **extra)

@@ -36,17 +36,17 @@ from sp_lab.viz.overview import (
     OverviewData,
     PieceBox,
     PieceGroup,
-    RangeSummary,
-    TensorCrossing,
+    crossing_text,
     format_shape,
     ops_summary,
     overview_data,
+    range_title,
 )
 from sp_lab.viz.overview_figure import build_overview_figure
 from sp_lab.viz.piece_diff import DiffRegion, PieceDiffData, piece_diff_data
 from sp_lab.viz.piece_figure import build_piece_figure
 from sp_lab.viz.piece_graph import GraphNode, PieceGraph, collapse
-from sp_lab.viz.report_input import as_report, load_report
+from sp_lab.viz.report_input import as_report, load_report, range_label
 from sp_lab.viz.tables import piece_table, range_table
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
 
@@ -55,10 +55,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BoundaryLabel", "DiffRegion", "ErasedCopy", "FailureMark", "GraphNode", "GraphvizMissing", "OverviewData",
-    "PieceBox", "PieceDiffData", "PieceGraph", "PieceGroup", "RangeSummary", "TensorCrossing", "TensorLinks",
+    "PieceBox", "PieceDiffData", "PieceGraph", "PieceGroup", "TensorLinks",
     "as_report", "build_compare_figure", "build_overview_figure", "build_piece_figure", "collapse", "compare_data",
+    "crossing_text",
     "dot_layout", "emit_trace", "format_shape", "load_report", "ops_summary", "overview_data", "piece_diff_data",
-    "piece_table", "plot_compare", "plot_overview", "plot_piece", "range_table", "save_html", "tensor_links",
+    "piece_table", "plot_compare", "plot_overview", "plot_piece", "range_label", "range_table", "range_title",
+    "save_html", "tensor_links",
 ]
 
 

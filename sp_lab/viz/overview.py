@@ -11,27 +11,31 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sp_lab.viz.report_input import as_report, resolve_range
+from sp_lab.compiler.report import (
+    COLLECTIVE_KEYS,
+    MATCH_KEYS,
+    OP_KEYS,
+    BoundaryCrossing,
+    CountKey,
+    PieceRecord,
+    RangeReport,
+)
+from sp_lab.viz.report_input import as_report, range_label, resolve_range
 
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
 
 __all__ = [
-    "COLLECTIVE_KEYS", "FUSED_KEYS", "MATCH_KEYS", "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark",
-    "OverviewData", "PieceBox", "PieceGroup", "RangeSummary", "TensorCrossing", "format_shape", "ops_summary",
-    "overview_data",
+    "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark", "OverviewData", "PieceBox", "PieceGroup",
+    "crossing_text", "format_shape", "ops_summary", "overview_data", "range_title",
 ]
 
-COLLECTIVE_KEYS = ("all_reduce", "reduce_scatter", "all_gather", "fused_all_gather_matmul",
-                   "fused_matmul_reduce_scatter")
-FUSED_KEYS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
-MATCH_KEYS = ("sp_first", "sp_middle", "sp_last", "async_tp_ag_mm", "async_tp_mm_rs",
-              "boundary_gather", "boundary_erase")
 # The field's shorthand, as in vLLM's and PyTorch's AsyncTP write-ups: "AG+mm" is all_gather fused into a matmul.
-OP_ABBREVIATIONS = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG",
-                    "fused_all_gather_matmul": "AG+mm", "fused_matmul_reduce_scatter": "mm+RS", "mm": "mm"}
+OP_ABBREVIATIONS = {CountKey.ALL_REDUCE: "AR", CountKey.REDUCE_SCATTER: "RS", CountKey.ALL_GATHER: "AG",
+                    CountKey.FUSED_ALL_GATHER_MATMUL: "AG+mm", CountKey.FUSED_MATMUL_REDUCE_SCATTER: "mm+RS",
+                    CountKey.MM: "mm"}
 
 
 def format_shape(shape: Sequence[int | str] | None) -> str:
@@ -46,65 +50,18 @@ def ops_summary(counts: dict[str, int], keys: Sequence[str] = COLLECTIVE_KEYS) -
     return " · ".join(f"{counts[k]} {OP_ABBREVIATIONS[k]}" for k in keys if counts.get(k))
 
 
-@dataclass(frozen=True)
-class RangeSummary:
-    """One compile range of the report (one compiled artifact)."""
-
-    index: int
-    """Position in the report's ranges."""
-    lo: int
-    """Smallest token count served by this artifact (inclusive)."""
-    hi: int
-    """Largest token count served (inclusive)."""
-    enable_sp: bool
-    """Whether the SP pass ran on this range."""
-    enable_async_tp: bool
-    """Whether the AsyncTP pass ran on this range."""
-    boundary: str
-    """Boundary strategy: "none", "gather_erase", "gather" or "sharded"."""
-    compile_mode: str
-    """"piecewise" or "full_graph"."""
-    compiled: bool
-    """False when compilation failed (e.g. the ``copy_`` epilogue of strategy "none") or has not run yet."""
-    compile_time_s: float | None
-    """Wall time to compile the whole range."""
-    numerically_unsafe: bool
-    """True when a pass dropped a write the program needs (erased ``copy_`` of an in-place residual)."""
-
-    @property
-    def title(self) -> str:
-        on = {True: "on", False: "off"}
-        t = f" · compile {self.compile_time_s:.1f} s" if self.compile_time_s else ""
-        return (f"tokens {self.lo}-{self.hi} · boundary={self.boundary} · SP {on[self.enable_sp]} · "
-                f"AsyncTP {on[self.enable_async_tp]}{t}")
+def range_title(rng: RangeReport) -> str:
+    """``"tokens 8-64 · boundary=sharded · SP on · AsyncTP on · compile 4.3 s"``."""
+    on = {True: "on", False: "off"}
+    t = f" · compile {rng.compile_time_s:.1f} s" if rng.compile_time_s else ""
+    return (f"{range_label(rng)} · boundary={rng.boundary} · SP {on[rng.enable_sp]} · "
+            f"AsyncTP {on[rng.enable_async_tp]}{t}")
 
 
-@dataclass(frozen=True)
-class TensorCrossing:
-    """A tensor that leaves one piece and enters the next."""
-
-    name: str
-    """The model's name for the tensor where the report has it (e.g. "residual"), else the FX name."""
-    module: str | None
-    """Module that produced it (``model.layers.3.mlp``), when the report says."""
-    dtype: str
-    """Element type, e.g. "bfloat16"."""
-    shape_before: tuple
-    """Shape before the passes ran; ints or symbolic strings ("s0")."""
-    shape_after: tuple
-    """Shape the next piece really receives."""
-    sharded_before: bool
-    """Whether the token dim was sharded over TP ranks before the passes."""
-    sharded_after: bool
-    """Whether the token dim is sharded over TP ranks after the passes (the SP win, or its bug)."""
-    bytes_per_token_after: float
-    """Bytes this rank hands over per token after the passes (0 when the report has no figure)."""
-
-    @property
-    def text(self) -> str:
-        """One label line: name, shape received, sharded or not, bytes per token."""
-        return (f"{self.name} {format_shape(self.shape_after)}{' sharded' if self.sharded_after else ''}"
-                f" · {self.bytes_per_token_after:g} B/tok")
+def crossing_text(t: BoundaryCrossing) -> str:
+    """One label line for a tensor crossing a boundary: name, shape received, sharded or not, bytes per token."""
+    return (f"{t.name} {format_shape(t.shape_after)}{' sharded' if t.sharded_after else ''}"
+            f" · {t.bytes_per_token_after or 0:g} B/tok")
 
 
 @dataclass(frozen=True)
@@ -208,8 +165,8 @@ class BoundaryLabel:
     """Index of the producing piece."""
     before_piece: int
     """Index of the consuming piece."""
-    tensors: tuple[TensorCrossing, ...]
-    """Tensors crossing, in report order."""
+    tensors: tuple[BoundaryCrossing, ...]
+    """Tensors crossing, in report order (the compiler's records)."""
     failures: tuple[FailureMark, ...] = ()
     """Checks that failed on the consuming side because of this boundary."""
 
@@ -224,12 +181,12 @@ class BoundaryLabel:
     @property
     def bytes_per_token(self) -> float:
         """Bytes per token handed over at this boundary, all tensors."""
-        return sum(t.bytes_per_token_after for t in self.tensors)
+        return sum(t.bytes_per_token_after or 0.0 for t in self.tensors)
 
     @property
     def sharded_bytes_per_token(self) -> float:
         """The part of :attr:`bytes_per_token` carried by token-sharded tensors."""
-        return sum(t.bytes_per_token_after for t in self.tensors if t.sharded_after)
+        return sum(t.bytes_per_token_after or 0.0 for t in self.tensors if t.sharded_after)
 
     @property
     def text(self) -> str:
@@ -282,8 +239,10 @@ class OverviewData:
     """Tensor-parallel degree the report was compiled for."""
     synthetic: bool
     """True for hand-made reports, never for the compiler's own."""
-    range: RangeSummary
-    """The compile range shown."""
+    range_index: int
+    """Position of the range shown in the report's ranges."""
+    range: RangeReport
+    """The compile range shown (the compiler's record)."""
     pieces: tuple[PieceBox, ...]
     """All pieces in order (empty when the range did not compile)."""
     boundaries: tuple[BoundaryLabel, ...]
@@ -328,8 +287,11 @@ class OverviewData:
         return {p.index: p for p in self.pieces}
 
     def to_dict(self) -> dict:
-        """Plain JSON-able form (used by ``emit_trace``), with group labels spelled out."""
-        out = dataclasses.asdict(self)
+        """Plain JSON-able form (used by ``emit_trace``): the range by its title, group labels spelled out."""
+        out = {"model": self.model, "tp_size": self.tp_size, "synthetic": self.synthetic,
+               "range_index": self.range_index, "range": range_title(self.range),
+               **{name: [dataclasses.asdict(x) for x in getattr(self, name)]
+                  for name in ("pieces", "boundaries", "groups", "failures", "erased")}}
         for g, d in zip(self.groups, out["groups"]):
             d["label"] = g.label
         return out
@@ -348,21 +310,14 @@ def _expanded_ids(groups: Sequence[PieceGroup], expand: bool | Iterable[str]) ->
     return wanted
 
 
-def _tensor(t: Any) -> TensorCrossing:
-    return TensorCrossing(
-        name=t.name, module=getattr(t, "module", None), dtype=t.dtype, shape_before=tuple(t.shape_before or ()),
-        shape_after=tuple(t.shape_after or ()), sharded_before=bool(t.sharded_before),
-        sharded_after=bool(t.sharded_after), bytes_per_token_after=float(t.bytes_per_token_after or 0.0))
-
-
-def _piece(p: Any) -> PieceBox:
+def _piece(p: PieceRecord) -> PieceBox:
     after = p.op_counts_after or {}
     return PieceBox(
         index=p.index, name=p.name, kind=p.kind, op=p.op, fingerprint=p.fingerprint,
         compile_time_s=p.compile_time_s if p.kind == "compiled" else None, cache_hit=p.cache_hit,
-        inductor_cache_hit=getattr(p, "inductor_cache_hit", None),
-        ops_after={k: int(after.get(k, 0)) for k in OP_ABBREVIATIONS},
-        matches={k: int((p.matches or {}).get(k, 0)) for k in MATCH_KEYS}, n_changed=len(p.changed or ()))
+        inductor_cache_hit=p.inductor_cache_hit,
+        ops_after={k: int(after.get(k, 0)) for k in OP_KEYS},
+        matches={k: int(p.matches.get(k, 0)) for k in MATCH_KEYS}, n_changed=len(p.changed))
 
 
 def overview_data(report: ReportSource, range_index: int | None = None, *, max_period: int = 4,
@@ -377,10 +332,6 @@ def overview_data(report: ReportSource, range_index: int | None = None, *, max_p
     report = as_report(report)
     ri = resolve_range(report, range_index)
     r = report.ranges[ri]
-    summary = RangeSummary(
-        index=ri, lo=r.lo, hi=r.hi, enable_sp=r.enable_sp, enable_async_tp=r.enable_async_tp, boundary=r.boundary,
-        compile_mode=r.compile_mode, compiled=r.compiled, compile_time_s=r.compile_time_s,
-        numerically_unsafe=r.numerically_unsafe)
     pieces = tuple(_piece(p) for p in r.pieces)
 
     raw_boundaries = sorted(r.boundaries, key=lambda b: b.index)
@@ -403,15 +354,15 @@ def overview_data(report: ReportSource, range_index: int | None = None, *, max_p
 
     boundaries = tuple(BoundaryLabel(
         index=b.index, after_piece=b.after_piece, before_piece=b.before_piece,
-        tensors=tuple(_tensor(t) for t in b.tensors),
+        tensors=tuple(b.tensors),
         failures=tuple(failures_by_boundary.get(b.index, ()))) for b in raw_boundaries)
-    erased = tuple(ErasedCopy(piece=e.piece, target=e.target, dst_shape=tuple(e.dst_shape or ()),
-                              src_shape=tuple(e.src_shape or ())) for e in r.erased_copies)
+    erased = tuple(ErasedCopy(piece=piece, target=c.target, dst_shape=tuple(c.dst_shape or ()),
+                              src_shape=tuple(c.src_shape or ())) for piece, c in r.erased_copies)
 
     groups = _collapse(pieces, boundaries, failures, erased, max_period=max_period, min_repeats=min_repeats)
     provenance = report.provenance
     return OverviewData(model=report.model.get("name", "?"), tp_size=provenance.get("tp_size"),
-                        synthetic=bool(provenance.get("synthetic")), range=summary, pieces=pieces,
+                        synthetic=bool(provenance.get("synthetic")), range_index=ri, range=r, pieces=pieces,
                         boundaries=boundaries, groups=groups, failures=tuple(failures), erased=erased)
 
 

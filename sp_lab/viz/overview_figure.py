@@ -13,7 +13,15 @@ from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
-from sp_lab.viz.overview import BoundaryLabel, OverviewData, PieceBox, PieceGroup, format_shape
+from sp_lab.viz.overview import (
+    BoundaryLabel,
+    OverviewData,
+    PieceBox,
+    PieceGroup,
+    crossing_text,
+    format_shape,
+    range_title,
+)
 
 __all__ = ["FAILURE_COLOR", "FULL_COLOR", "SHARDED_COLOR", "UNSAFE_COLOR", "build_overview_figure"]
 
@@ -93,17 +101,18 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
                  if boundary.before_piece > boundary.after_piece + 2 else "")
         tensors["bytes"].add(x, y, f"{prefix}{route}<b>{boundary.text}</b>",
                              f"boundary {boundary.index}: piece {boundary.after_piece} → {boundary.before_piece}<br>"
-                             + "<br>".join(f"{t.name}: {t.bytes_per_token_after:g} B/tok "
+                             + "<br>".join(f"{t.name}: {t.bytes_per_token_after or 0:g} B/tok "
                                            f"({'sharded' if t.sharded_after else 'full'})" for t in boundary.tensors))
         y -= _LINE_H
         for i, t in enumerate(boundary.tensors):
             tensors["sharded" if t.sharded_after else "full"].add(
-                x, y, prefix + t.text,
+                x, y, prefix + crossing_text(t),
                 f"boundary {boundary.index}: piece {boundary.after_piece} → {boundary.before_piece}<br>"
-                f"<b>{t.name}</b> {t.dtype}{'<br>from ' + t.module if t.module else ''}<br>before passes "
+                f"<b>{t.name}</b> {t.dtype}{'<br>made in ' + t.module if t.module else ''}"
+                f"{'<br>' + t.source if t.source else ''}<br>before passes "
                 f"{format_shape(t.shape_before)}{' sharded' if t.sharded_before else ''}<br>after passes "
                 f"{format_shape(t.shape_after)}{' sharded' if t.sharded_after else ''}<br>"
-                f"{t.bytes_per_token_after:g} bytes/token on this rank<br><i>click for producers and consumers</i>",
+                f"{t.bytes_per_token_after or 0:g} bytes/token on this rank<br><i>click for producers and consumers</i>",
                 key=f"tensor:{boundary.index}:{i}")
             y -= _LINE_H
         for f in boundary.failures:
@@ -210,7 +219,7 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
     if unsafe.x:
         fig.add_trace(unsafe.trace(name="unsafe: copy_ erased", textfont={"color": UNSAFE_COLOR, "size": 11},
                                    meta="unsafe"))
-    title = f"{data.model} tp{data.tp_size} · {data.range.title}"
+    title = f"{data.model} tp{data.tp_size} · {range_title(data.range)}"
     if data.range.numerically_unsafe:
         title += f" · <span style='color:{UNSAFE_COLOR}'>NUMERICALLY UNSAFE</span>"
     if data.failures:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.viz.overview import COLLECTIVE_KEYS, OP_ABBREVIATIONS, PieceBox, RangeSummary, overview_data
+from sp_lab.compiler.report import COLLECTIVE_KEYS, CountKey, GraphSnapshot, NodeRecord, RangeReport
+from sp_lab.viz.overview import OP_ABBREVIATIONS, PieceBox, overview_data
 from sp_lab.viz.piece_graph import PieceGraph, collapse, infer_modules, is_folded, short_op
 from sp_lab.viz.report_input import as_report, resolve_range
 
@@ -61,8 +62,10 @@ class DiffRegion:
 class PieceDiffData:
     """One piece before and after the SP and AsyncTP passes."""
 
-    range: RangeSummary
-    """Range the piece belongs to."""
+    range_index: int
+    """Position of the piece's range in the report."""
+    range: RangeReport
+    """Range the piece belongs to (the compiler's record)."""
     piece: PieceBox
     """The piece."""
     before: PieceGraph
@@ -79,7 +82,7 @@ class PieceDiffData:
     """Columns op, before, after, delta."""
 
 
-def _adjacency(snapshot: Any) -> dict[str, set[str]]:
+def _adjacency(snapshot: GraphSnapshot) -> dict[str, set[str]]:
     adj: dict[str, set[str]] = defaultdict(set)
     for a, b in snapshot.edges:
         adj[a].add(b)
@@ -87,10 +90,10 @@ def _adjacency(snapshot: Any) -> dict[str, set[str]]:
     return adj
 
 
-def _title(removed: Sequence[Any], added: Sequence[Any], *, boundary: bool) -> str:
-    def counts(nodes: Sequence[Any]) -> str:
+def _title(removed: Sequence[NodeRecord], added: Sequence[NodeRecord], *, boundary: bool) -> str:
+    def counts(nodes: Sequence[NodeRecord]) -> str:
         c = Counter(k for k in (_op_key(n.target) for n in nodes) if k)
-        return ", ".join(f"{c[k]} {OP_ABBREVIATIONS[k]}" for k in (*COLLECTIVE_KEYS, "mm") if c[k]) or f"{len(nodes)} ops"
+        return ", ".join(f"{c[k]} {OP_ABBREVIATIONS[k]}" for k in (*COLLECTIVE_KEYS, CountKey.MM) if c[k]) or f"{len(nodes)} ops"
 
     gone = {_op_key(n.target) for n in removed}
     new = {_op_key(n.target) for n in added}
@@ -106,7 +109,8 @@ def _title(removed: Sequence[Any], added: Sequence[Any], *, boundary: bool) -> s
     return f"{passes}{where}: {counts(removed)} → {counts(added)}"
 
 
-def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequence[str]) -> tuple[DiffRegion, ...]:
+def diff_regions(before: GraphSnapshot, after: GraphSnapshot, removed: Sequence[str], added: Sequence[str], *,
+                 input_names: dict[str, str] | None = None) -> tuple[DiffRegion, ...]:
     """Group the removed and added FX nodes into rewritten neighbourhoods (see the module docstring)."""
     before_by = {n.name: n for n in before.nodes}
     after_by = {n.name: n for n in after.nodes}
@@ -174,8 +178,8 @@ def diff_regions(before: Any, after: Any, removed: Sequence[str], added: Sequenc
             index=len(regions), title=_title([before_by[n] for n in gone], [after_by[n] for n in new],
                                              boundary=boundary),
             module=module, removed=tuple(gone), added=tuple(new),
-            before=collapse(before, gone, keep=keep_b, modules=mod_b),
-            after=collapse(after, new, keep=keep_a, modules=mod_a)))
+            before=collapse(before, gone, keep=keep_b, modules=mod_b, input_names=input_names),
+            after=collapse(after, new, keep=keep_a, modules=mod_a, input_names=input_names)))
     return tuple(regions)
 
 
@@ -192,8 +196,7 @@ def piece_diff_data(report: ReportSource, range_index: int | None = None, piece_
     if not match:
         raise IndexError(f"piece_index={piece_index} not in range {ri} (pieces 0-{len(rng.pieces) - 1})")
     raw = match[0]
-    empty = _EMPTY_GRAPH
-    before_g = raw.graph_before or empty
+    before_g = raw.graph_before or GraphSnapshot()
     after_g = raw.graph_after or before_g
     before_names = [n.name for n in before_g.nodes]
     after_names = {n.name for n in after_g.nodes}
@@ -213,15 +216,22 @@ def piece_diff_data(report: ReportSource, range_index: int | None = None, piece_
         preds[b].append(a)
     removed_nodes = [n for n in before_g.nodes if n.name in set(removed)]
     after_modules = infer_modules(after_g.nodes, preds, replaced=removed_nodes)
-    return PieceDiffData(range=overview.range, piece=overview.piece(piece_index),
-                         before=collapse(before_g, removed), after=collapse(after_g, added, modules=after_modules),
-                         added=added, removed=removed, regions=diff_regions(before_g, after_g, removed, added),
+    names = _input_names(rng, piece_index, after_g)
+    return PieceDiffData(range_index=ri, range=rng, piece=overview.piece(piece_index),
+                         before=collapse(before_g, removed, input_names=names),
+                         after=collapse(after_g, added, modules=after_modules, input_names=names),
+                         added=added, removed=removed,
+                         regions=diff_regions(before_g, after_g, removed, added, input_names=names),
                          op_counts=op_counts)
 
 
-class _EmptyGraph:
-    nodes: tuple = ()
-    edges: tuple = ()
-
-
-_EMPTY_GRAPH = _EmptyGraph()
+def _input_names(rng: RangeReport, piece_index: int, graph: GraphSnapshot) -> dict[str, str]:
+    """Placeholder name -> the model's name of the boundary tensor it receives (``arg3_1`` -> ``residual``)."""
+    placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+    names = {}
+    for boundary in rng.boundaries:
+        for t in boundary.tensors:
+            for piece, index in t.consumer_inputs:
+                if piece == piece_index and 0 <= index < len(placeholders):
+                    names[placeholders[index]] = t.name
+    return names

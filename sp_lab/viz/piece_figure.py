@@ -17,7 +17,7 @@ from collections import defaultdict
 import plotly.graph_objects as go
 
 from sp_lab.viz.dag_layout import DagLayout, dot_layout
-from sp_lab.viz.overview import format_shape
+from sp_lab.viz.overview import format_shape, range_title
 from sp_lab.viz.piece_diff import PieceDiffData
 from sp_lab.viz.piece_graph import GraphNode, PieceGraph
 
@@ -127,7 +127,7 @@ def build_piece_figure(data: PieceDiffData, mode: str = "after", *, search: str 
         raise ValueError(f"mode={mode!r}; use one of {MODES}")
     counts = ", ".join(f"{r['op']} {r['before']}→{r['after']}" for r in data.op_counts.iter_rows(named=True)
                        if r["delta"]) or "no op-count changes"
-    head = f"{data.piece.name} ({data.piece.kind}) · {data.range.title}"
+    head = f"{data.piece.name} ({data.piece.kind}) · {range_title(data.range)}"
     canvas = _Canvas()
     if mode in ("after", "before"):
         graph = data.after if mode == "after" else data.before

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from sp_lab.compiler.report import GraphSnapshot, NodeRecord
+
 __all__ = ["KIND_PRIORITY", "GraphNode", "PieceGraph", "collapse", "infer_modules", "is_folded", "short_op"]
 
 # When a collapsed node mixes kinds it is coloured by the most telling one.
@@ -156,7 +158,7 @@ class PieceGraph:
         return dict(counts)
 
 
-def is_folded(node: Any) -> bool:
+def is_folded(node: NodeRecord) -> bool:
     """Weights (placeholders with only static dims) and SymInt arithmetic: read by nodes, not drawn."""
     if node.op == "placeholder":
         return node.shape is None or all(isinstance(d, int) for d in node.shape)
@@ -167,41 +169,42 @@ def is_folded(node: Any) -> bool:
     return "sym_" in target or ("." not in target and target != "getitem")
 
 
-def _module(node: Any) -> str | None:
-    # Reports written before nodes carried their module (sp_lab.compile_report/1 of early 2026) have none.
-    return getattr(node, "module", None)
-
-
-def infer_modules(nodes: Sequence[Any], preds: Mapping[str, Sequence[str]],
-                  replaced: Sequence[Any] = ()) -> dict[str, tuple[str | None, bool]]:
+def infer_modules(nodes: Sequence[NodeRecord], preds: Mapping[str, Sequence[str]],
+                  replaced: Sequence[NodeRecord] = ()) -> dict[str, tuple[str | None, bool]]:
     """Module of every node: its own, else that of the removed node of the same op it replaces (in order),
     else its first input's. Returns name -> (module, inferred)."""
     pool: dict[str, list[str]] = defaultdict(list)
     for r in replaced:
         # Only pointwise and norm ops are re-created one for one (SP's norm on the shard); a new collective or
         # wait_tensor has nothing to do with the one it replaced.
-        if _module(r) and r.kind in _COLLAPSIBLE_KINDS:
-            pool[r.target].append(_module(r))
+        if r.module and r.kind in _COLLAPSIBLE_KINDS:
+            pool[r.target].append(r.module)
     out: dict[str, tuple[str | None, bool]] = {}
     for n in nodes:
-        if _module(n) or n.op != "call_function":
-            out[n.name] = (_module(n), False)
+        if n.module or n.op != "call_function":
+            out[n.name] = (n.module, False)
         elif pool.get(n.target):
             out[n.name] = (pool[n.target].pop(0), True)
         else:
-            # An input with a module of its own (a weight's permute names the matmul) beats an inferred one.
+            # An input with a module of its own beats an inferred one; a matmul (plain or fused) takes its
+            # weight's, the last operand (mm(A, B), fused_all_gather_matmul(A, [B])), whose permute names the layer.
             known = [out[p] for p in preds.get(n.name, ()) if out.get(p, (None,))[0]]
+            if n.kind in ("matmul", "fused"):
+                known.reverse()
             inherited = next((m for m, inferred in known if not inferred), known[0][0] if known else None)
             out[n.name] = (inherited, inherited is not None)
     return out
 
 
-def collapse(snapshot: Any, changed: Iterable[str] = (), *, keep: Iterable[str] | None = None,
-             modules: Mapping[str, tuple[str | None, bool]] | None = None) -> PieceGraph:
+def collapse(snapshot: GraphSnapshot, changed: Iterable[str] = (), *, keep: Iterable[str] | None = None,
+             modules: Mapping[str, tuple[str | None, bool]] | None = None,
+             input_names: Mapping[str, str] | None = None) -> PieceGraph:
     """Collapse a graph snapshot (``.nodes``, ``.edges``) into a :class:`PieceGraph`.
 
     ``changed``: FX names the passes added or removed (their runs are marked). ``keep``: draw only these FX
     names (a diff region's neighbourhood). ``modules``: precomputed :func:`infer_modules` of the whole graph.
+    ``input_names``: the model's name for a graph input that crossed a boundary (``arg3_1`` -> ``residual``),
+    shown instead of the FX name.
     """
     by_name = {n.name: n for n in snapshot.nodes}
     preds: dict[str, list[str]] = defaultdict(list)
@@ -225,7 +228,7 @@ def collapse(snapshot: Any, changed: Iterable[str] = (), *, keep: Iterable[str] 
             x = parent[x]
         return x
 
-    def collapsible(n: Any) -> bool:
+    def collapsible(n: NodeRecord) -> bool:
         return n.op == "call_function" and n.kind in _COLLAPSIBLE_KINDS
 
     single_consumer_merges, single_producer_merges = [], []
@@ -262,10 +265,11 @@ def collapse(snapshot: Any, changed: Iterable[str] = (), *, keep: Iterable[str] 
         lead = min(members, key=lambda m: KIND_PRIORITY.index(m.kind) if m.kind in KIND_PRIORITY else 99)
         module, inferred = modules[lead.name]
         reads = [f"{p} {_shape_text(by_name[p].shape)}" for m in members for p in preds[m.name] if p in folded]
-        sources = tuple(dict.fromkeys(m.source for m in members if getattr(m, "source", None)))
+        sources = tuple(dict.fromkeys(m.source for m in members if m.source))
         kind = min((m.kind for m in members), key=lambda k: KIND_PRIORITY.index(k) if k in KIND_PRIORITY else 99)
         nodes.append(GraphNode(
-            id=root, kind=kind, members=tuple(m.name for m in members), ops=tuple(short_op(m.target) for m in members),
+            id=root, kind=kind, members=tuple(m.name for m in members),
+            ops=tuple((input_names or {}).get(m.name) or short_op(m.target) for m in members),
             module=module, module_inferred=inferred, shape=tuple(last.shape or ()), dtype=last.dtype,
             sources=sources, reads=tuple(dict.fromkeys(reads)), changed=any(m.name in changed for m in members)))
     return PieceGraph(nodes=tuple(nodes), edges=tuple(edges))
@@ -277,7 +281,7 @@ def _shape_text(shape: Any) -> str:
     return "(size)" if shape is None else format_shape(shape)
 
 
-def _groups(drawn: Sequence[Any], find) -> dict[str, list[Any]]:
+def _groups(drawn: Sequence[NodeRecord], find) -> dict[str, list[NodeRecord]]:
     groups: dict[str, list[Any]] = {}
     for n in drawn:
         groups.setdefault(find(n.name), []).append(n)
@@ -285,7 +289,7 @@ def _groups(drawn: Sequence[Any], find) -> dict[str, list[Any]]:
     return {members[-1].name: members for members in groups.values()}
 
 
-def _group_edges(drawn: Sequence[Any], preds: Mapping[str, Sequence[str]], drawn_names: set[str],
+def _group_edges(drawn: Sequence[NodeRecord], preds: Mapping[str, Sequence[str]], drawn_names: set[str],
                  find) -> list[tuple[str, str]]:
     last_of: dict[str, str] = {}
     for n in drawn:

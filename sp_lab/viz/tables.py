@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.viz.overview import COLLECTIVE_KEYS, MATCH_KEYS
+from sp_lab.compiler.report import COLLECTIVE_KEYS, MATCH_KEYS
 from sp_lab.viz.report_input import as_report
 
 if TYPE_CHECKING:
@@ -24,17 +24,17 @@ def piece_table(report: ReportSource) -> pl.DataFrame:
     """
     report = as_report(report)
     count_keys = sorted({k for r in report.ranges for p in r.pieces
-                         for k in (*(p.op_counts_before or {}), *(p.op_counts_after or {}))}
+                         for k in (*p.op_counts_before, *p.op_counts_after)}
                         | set(COLLECTIVE_KEYS), key=lambda k: (k not in COLLECTIVE_KEYS, k))
     rows = []
     for ri, r in enumerate(report.ranges):
         for p in r.pieces:
             row = {"range": ri, "lo": r.lo, "hi": r.hi, "boundary": r.boundary, "piece": p.index, "name": p.name,
                    "kind": p.kind, "op": p.op, "compile_time_s": p.compile_time_s, "cache_hit": p.cache_hit}
-            row.update({f"match_{k}": (p.matches or {}).get(k, 0) for k in MATCH_KEYS})
-            row.update({f"before_{k}": (p.op_counts_before or {}).get(k, 0) for k in count_keys})
-            row.update({f"after_{k}": (p.op_counts_after or {}).get(k, 0) for k in count_keys})
-            row.update(n_changed=len(p.changed or ()), fingerprint=p.fingerprint)
+            row.update({f"match_{k}": p.matches.get(k, 0) for k in MATCH_KEYS})
+            row.update({f"before_{k}": p.op_counts_before.get(k, 0) for k in count_keys})
+            row.update({f"after_{k}": p.op_counts_after.get(k, 0) for k in count_keys})
+            row.update(n_changed=len(p.changed), fingerprint=p.fingerprint)
             rows.append(row)
     schema = {"range": pl.Int64, "lo": pl.Int64, "hi": pl.Int64, "boundary": pl.String, "piece": pl.Int64,
               "name": pl.String, "kind": pl.String, "op": pl.String, "compile_time_s": pl.Float64,
@@ -45,11 +45,13 @@ def piece_table(report: ReportSource) -> pl.DataFrame:
 
 
 def range_table(report: ReportSource) -> pl.DataFrame:
-    """One row per compile range: token span, passes on, strategy, compiled, time, failures, safety."""
+    """One row per compile range: token span (and the one token count of a graph Dynamo specialised), passes on,
+    strategy, compiled, time, failures, safety."""
     report = as_report(report)
     return pl.DataFrame([{
-        "range": i, "lo": r.lo, "hi": r.hi, "enable_sp": bool(r.enable_sp), "enable_async_tp": bool(r.enable_async_tp),
+        "range": i, "lo": r.lo, "hi": r.hi, "static_tokens": r.static_tokens, "enable_sp": bool(r.enable_sp),
+        "enable_async_tp": bool(r.enable_async_tp),
         "boundary": r.boundary, "compile_mode": r.compile_mode, "compiled": bool(r.compiled),
         "compile_time_s": r.compile_time_s, "pieces": len(r.pieces), "failures": len(r.failures),
         "erased_copies": len(r.erased_copies), "numerically_unsafe": bool(r.numerically_unsafe),
-    } for i, r in enumerate(report.ranges)], schema_overrides={"compile_time_s": pl.Float64})
+    } for i, r in enumerate(report.ranges)], schema_overrides={"compile_time_s": pl.Float64, "static_tokens": pl.Int64})

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sp_lab.compiler.report import NodeRecord
 from sp_lab.viz.overview import format_shape
 from sp_lab.viz.piece_graph import short_op
 from sp_lab.viz.report_input import as_report, resolve_range
@@ -50,8 +51,8 @@ class TensorLinks:
     """False when matched by shape and dtype only (the report did not say which output/input it is)."""
 
 
-def _ref(piece: int, node: Any) -> NodeRef:
-    return NodeRef(piece=piece, name=node.name, op=short_op(str(node.target)), module=getattr(node, "module", None),
+def _ref(piece: int, node: NodeRecord) -> NodeRef:
+    return NodeRef(piece=piece, name=node.name, op=short_op(str(node.target)), module=node.module,
                    shape=tuple(node.shape or ()))
 
 
@@ -67,14 +68,14 @@ def tensor_links(report: ReportSource, range_index: int | None, boundary_index: 
     t = boundary.tensors[tensor_index]
     pieces = {p.index: p for p in rng.pieces}
     # Reports of schema 2 say which output made it and which inputs read it; older ones are matched by shape.
-    exact = getattr(t, "producer_output", None) is not None and bool(getattr(t, "consumer_inputs", ()))
+    exact = t.producer_output is not None and bool(t.consumer_inputs)
     want = (tuple(t.shape_after or ()), t.dtype)
 
-    def fits(node: Any) -> bool:
+    def fits(node: NodeRecord) -> bool:
         return (tuple(node.shape or ()), node.dtype) == want
 
     producers: list[NodeRef] = []
-    made_in = t.producer_piece if exact and getattr(t, "producer_piece", None) is not None else boundary.after_piece
+    made_in = t.producer_piece if exact and t.producer_piece is not None else boundary.after_piece
     producer = pieces.get(made_in)
     graph = producer and (producer.graph_after or producer.graph_before)
     if graph is not None:

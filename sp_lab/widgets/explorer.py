@@ -22,7 +22,7 @@ from sp_lab.viz.overview import OverviewData, overview_data
 from sp_lab.viz.overview_figure import build_overview_figure
 from sp_lab.viz.piece_diff import piece_diff_data
 from sp_lab.viz.piece_figure import MODES, build_piece_figure
-from sp_lab.viz.report_input import as_report
+from sp_lab.viz.report_input import as_report, range_label
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
 
 if TYPE_CHECKING:
@@ -45,9 +45,9 @@ class GraphExplorer(widgets.VBox):
         self.piece_figure: go.FigureWidget | None = None
         self.links: TensorLinks | None = None
         self.range_select = widgets.Dropdown(
-            options=[(f"{i}: tokens {r.lo}-{r.hi} ({r.boundary}, SP {'on' if r.enable_sp else 'off'})", i)
+            options=[(f"{i}: {range_label(r)} ({r.boundary}, SP {'on' if r.enable_sp else 'off'})", i)
                      for i, r in enumerate(self.report.ranges)],
-            value=self.data.range.index, description="range")
+            value=self.data.range_index, description="range", layout=widgets.Layout(width="480px"))
         self.group_toggles = widgets.HBox()
         self.piece_select = widgets.Dropdown(description="piece")
         self.mode_select = widgets.ToggleButtons(options=list(MODES), value="diff", description="show",
@@ -63,7 +63,7 @@ class GraphExplorer(widgets.VBox):
             control.observe(self._on_piece_controls, names="value")
         super().__init__([self.range_select, self.group_toggles, self._overview_box, self.links_view,
                           widgets.HBox([self.piece_select, self.mode_select]), self.search, self._piece_box])
-        self._load_range(self.data.range.index)
+        self._load_range(self.data.range_index)
 
     @property
     def expanded(self) -> list[str]:
@@ -86,7 +86,7 @@ class GraphExplorer(widgets.VBox):
             self.piece_select.value = next(i for i in group.block if self.data.piece(i).kind == "compiled")
         elif kind == "tensor":
             boundary, index = (int(v) for v in rest.split(":"))
-            self.links = tensor_links(self.report, self.data.range.index, boundary, index)
+            self.links = tensor_links(self.report, self.data.range_index, boundary, index)
             self.links_view.value = _links_html(self.links)
         else:
             raise ValueError(f"unknown overview item {key!r}; expected piece:<i>, group:<id> or tensor:<b>:<i>")
@@ -124,7 +124,7 @@ class GraphExplorer(widgets.VBox):
             self.piece_figure = None
             self._piece_box.children = [widgets.HTML("<i>no compiled piece in this range</i>")]
             return
-        data = piece_diff_data(self.report, self.data.range.index, self.piece_select.value)
+        data = piece_diff_data(self.report, self.data.range_index, self.piece_select.value)
         self.piece_figure = go.FigureWidget(build_piece_figure(data, self.mode_select.value, search=self.search.value))
         self._piece_box.children = [self.piece_figure]
 

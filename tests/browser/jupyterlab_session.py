@@ -81,6 +81,11 @@ def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, s
     env = {**os.environ, "SP_LAB_SMOKE": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
+    # Render every cell: JupyterLab 4 leaves cells out of the page until they are scrolled to ("windowing"),
+    # and a test reads outputs far down the notebook.
+    settings = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text('{"windowingMode": "none"}')
     log_path = tmp_path / "jupyterlab.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(

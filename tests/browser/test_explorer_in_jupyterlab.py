@@ -60,6 +60,11 @@ def _drilldown_titles(page) -> list[str]:
     return [f["title"] for f in page.evaluate(FIGURES_JS) if f["title"].startswith("submod_")]
 
 
+# The explorer: the widget box holding two plotly figures (overview and drill-down) in the last cell's output.
+EXPLORER_READY_JS = """() => { const outs = document.querySelectorAll('.jp-Cell:last-child .jp-OutputArea-output');
+    return Array.from(outs).some(o => o.querySelectorAll('.js-plotly-plot').length >= 2); }"""
+
+
 def test_clicking_a_piece_opens_its_drilldown(lab):
     base, token, name = lab
     with sync_api.sync_playwright() as pw:
@@ -69,9 +74,10 @@ def test_clicking_a_piece_opens_its_drilldown(lab):
             page.goto(f"{base}/lab/tree/{name}?token={token}")
             run_all_cells(page)
             deadline = time.monotonic() + RUN_TIMEOUT_S
-            while time.monotonic() < deadline and (page.evaluate(BUSY_JS) or not _drilldown_titles(page)):
+            while time.monotonic() < deadline and (page.evaluate(BUSY_JS) or not page.evaluate(EXPLORER_READY_JS)):
                 time.sleep(2)
             assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
+            assert page.evaluate(EXPLORER_READY_JS), "the explorer widget did not render its two figures"
             before = _drilldown_titles(page)
             assert before, "the explorer drew no drill-down"
             assert not any(t.startswith("submod_2 ") for t in before[-1:]), before
@@ -79,7 +85,7 @@ def test_clicking_a_piece_opens_its_drilldown(lab):
             no_news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
             if no_news.count():
                 no_news.first.click()
-            explorer = page.locator(".jp-OutputArea-output .widget-vbox").last
+            explorer = page.locator(".jp-Cell:last-child .jp-OutputArea-output .widget-vbox").first
             explorer.scroll_into_view_if_needed()
             overview = explorer.locator(".js-plotly-plot").first
             label = overview.locator(".textpoint text", has_text="piece 2").first

@@ -17,6 +17,9 @@ compiler left it: that is exactly what the explorer must draw.
 
 Written gzip-compressed to ``tests/data/explorer/<model>_<strategy>.json.gz``.
 
+``schema1_toy_inplace_gather_erase.json.gz`` is the same report as written by the compiler's first report format
+(``sp_lab.compile_report/1``), kept as it is for the loader's migration tests (tests/test_report.py); not rewritten.
+
 Also the large report ``benchmarks/bench_explorer.py`` times: ``llama-3-70b`` (80 layers, bf16, meta device) at
 tp 8, boundary ``sharded``, inspect-only, one call of 4096 tokens -> ``llama-3-70b_tp8_80l_sharded.json.gz``
 (~0.1 MB; 20-45 s to compile on 2 idle cores). ``--large-only`` writes just that one.
