@@ -119,6 +119,11 @@ class LabConfig:
     heuristic_default: HeuristicDefault = "fuse"
     """What the AsyncTP gate does when the rule answers ``"unsure"`` or a matmul's shapes cannot be read."""
 
+    token_dim: int = 0
+    """Which dimension of the model's first forward argument holds the tokens: 0 for sp_lab's models
+    (``input_ids [N]``, activations ``[N, H]``), 1 for ``[batch=1, N]`` inputs (torchtitan, Hugging Face).
+    The token count of a call, the compile ranges and SP's sharding all follow this dimension."""
+
     def __post_init__(self) -> None:
         hints = _field_types(type(self))
         for f in dataclasses.fields(self):
@@ -135,6 +140,8 @@ class LabConfig:
     def _check_values(self) -> None:
         if self.tp_size < 1:
             raise ConfigError(f"tp_size: must be >= 1, got {self.tp_size}")
+        if self.token_dim < 0:
+            raise ConfigError(f"token_dim: must be >= 0 (a dimension of the model input), got {self.token_dim}")
         if self.enable_async_tp and not self.enable_sp:
             raise ConfigError(
                 "enable_async_tp=True needs enable_sp=True: AsyncTP fuses the reduce_scatter/all_gather "

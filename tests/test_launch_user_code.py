@@ -8,6 +8,7 @@ runs such a "notebook" as a script in a fresh interpreter (``python notebook.py`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -88,8 +89,8 @@ NOTEBOOK = textwrap.dedent('''
 def notebook(tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("nb") / "notebook.py"
     path.write_text(NOTEBOOK)
-    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run([sys.executable, str(path)], check=False, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(line.removeprefix("RESULT "))

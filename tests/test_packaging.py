@@ -263,3 +263,16 @@ def test_docs_name_only_modules_that_exist():
     pages = {p.name for p in (REPO / "docs").glob("*.md")}
     linked = set(re.findall(r"\]\(([\w-]+\.md)\)", "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))))
     assert linked <= pages, f"broken links in docs/: {sorted(linked - pages)}"
+
+
+def test_readme_architecture_table_matches_the_modules():
+    """Every module of the package is in the README's architecture table, and every module it names exists."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):]
+    section = section[: section.index("\n## ", 1)]
+    listed = set(re.findall(r"(\w+)\.py", section))
+    for braces in re.findall(r"\{([\w,]+)\}\.py", section):
+        listed |= set(braces.split(","))
+    modules = {p.stem for p in (REPO / "sp_lab").rglob("*.py") if p.name != "__init__.py"}
+    assert not sorted(modules - listed), "modules missing from the README's architecture table"
+    assert not sorted(listed - modules), "the README's architecture table names modules that do not exist"

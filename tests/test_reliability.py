@@ -255,8 +255,12 @@ def test_a_rank_that_dies_mid_sweep_is_named_and_the_sweep_resumes(tmp_path, fau
 def test_a_rank_that_hangs_mid_sweep_times_out_naming_it_and_the_sweep_resumes(tmp_path):
     store_dir, pid_dir = tmp_path / "store", pid_dir_in(tmp_path)
     LEDGER["faults_injected"] += 1
-    # start-up (~3 s idle, 10+ s on a loaded 2-core box) and the six points before the fault (~1 s) fit
-    timeout = 20.0
+    # The deadline must leave room for the ranks to start and measure the six points before the fault:
+    # ~3 s on an idle 2-core box, far more on a loaded one. Scaled by how long two bare ranks take to start
+    # here and now, so the hang, not a slow start, is what times out.
+    started = time.monotonic()
+    sp_lab.launch(int, world_size=2, backend="gloo", timeout=300.0)
+    timeout = 12.0 + 4 * (time.monotonic() - started)
     started = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
         sweep(store_dir, fault="hang", pid_dir=str(pid_dir), timeout=timeout)

@@ -52,8 +52,9 @@ def compile(
 ) -> CompiledModel:
     """Compile ``model`` piecewise with SP + AsyncTP as ``config`` asks; call on every rank.
 
-    ``model``: any module whose first forward argument has the token count as dim 0 (sp_lab's models, or
-    plain PyTorch written with functional collectives). Nothing is compiled until the first call.
+    ``model``: any module whose first forward argument holds the tokens in dim ``config.token_dim`` (sp_lab's
+    models, plain PyTorch with functional collectives, models parallelised with DTensor plans, Hugging Face
+    ``tp_plan`` models). Nothing is compiled until the first call.
 
     ``inspect_only`` (default: True when the model's parameters are on the meta device): capture, split and
     run every pass exactly as a real compile does and fill the CompileReport, but skip Inductor's code
@@ -92,16 +93,24 @@ class CompiledModel:
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        num_tokens = tokens.shape[0]
+        dim = self.config.token_dim
+        if tokens.dim() <= dim:
+            raise ValueError(
+                f"token_dim={dim} but the first argument has shape {tuple(tokens.shape)}: set LabConfig.token_dim "
+                "to the dimension that holds the tokens (0 for [N] / [N, H], 1 for [batch=1, N])"
+            )
+        num_tokens = tokens.shape[dim]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
         padded = self._capture_size(num_tokens)
         self.at_capture_size = padded in self._capture_sizes
         if padded != num_tokens:
             # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
-            tokens = torch.cat([tokens, tokens.new_zeros((padded - num_tokens, *tokens.shape[1:]))])
-        if tokens.shape[0] > 1:
+            pad_shape = list(tokens.shape)
+            pad_shape[dim] = padded - num_tokens
+            tokens = torch.cat([tokens, tokens.new_zeros(pad_shape)], dim=dim)
+        if tokens.shape[dim] > 1:
             # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
-            torch._dynamo.maybe_mark_dynamic(tokens, 0)
+            torch._dynamo.maybe_mark_dynamic(tokens, dim)
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
         self._call_started = time.perf_counter()
         with torch.no_grad(), _recompile_limit(_RECOMPILE_LIMIT):
@@ -112,7 +121,7 @@ class CompiledModel:
             graph = self.report.graphs[-1]
             self.report.graphs[-1] = DynamoGraph(graph.index, graph.static_tokens, max(spent, 0.0))
         if self.effective.cudagraphs:
-            out = out[:num_tokens].clone()  # the graph's output buffer is reused by the next replay
+            out = out.narrow(dim, 0, num_tokens).clone()  # the graph's output buffer is reused by the next replay
         return out
 
     def _capture_size(self, num_tokens: int) -> int:
@@ -128,14 +137,14 @@ class CompiledModel:
             n.meta.get("example_value", x)
             for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
         ]
-        tokens = example_inputs[token_index].shape[0]
+        tokens = example_inputs[token_index].shape[self.config.token_dim]
         graph = DynamoGraph(len(self.report.graphs), tokens if isinstance(tokens, int) else None,
                             time.perf_counter() - self._call_started)
         self.report.graphs.append(graph)
         artifacts: dict[int, Callable] = {}
 
         def dispatch(*args: Any) -> Any:
-            num_tokens = args[token_index].shape[0]
+            num_tokens = args[token_index].shape[self.config.token_dim]
             index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
             if index not in artifacts:
                 artifacts[index] = RangeCompiler(

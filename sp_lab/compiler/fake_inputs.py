@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,7 +19,8 @@ __all__ = ["meta_devices_to_cpu", "range_inputs"]
 
 
 def range_inputs(
-    example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode: FakeTensorMode | None, *, inspect_only: bool = False
+    example_inputs: list[Any], token_index: int, rng: CompileRange, fake_mode: FakeTensorMode | None, *,
+    inspect_only: bool = False, token_dim: int = 0,
 ) -> tuple[list[Any], FakeTensorMode | None]:
     """Fresh fake inputs for one range: the token count is a new symbol bounded to ``[lo, hi]``.
 
@@ -26,9 +28,11 @@ def range_inputs(
     token shard has size 1 and Inductor specialises it (size-1 dims broadcast), baking "2 tokens" into an
     artifact that must serve the whole range -- and guards Inductor adds after Dynamo has finished are never
     checked. Tracing each range with its own bounded symbol and a hint inside the range avoids both.
+    The token count is dimension ``token_dim`` of the token input. DTensor inputs (parameters of a model
+    parallelised with ``torch.distributed.tensor.parallel``) stay DTensors.
     """
     token = example_inputs[token_index]
-    old_size = token.shape[0]
+    old_size = token.shape[token_dim]
 
     def device(x: torch.Tensor) -> torch.device:
         # A meta-device model is traced as if on the CPU (fake tensors allocate nothing either way): Inductor's
@@ -38,25 +42,25 @@ def range_inputs(
     if isinstance(old_size, int):  # Dynamo specialised this graph (1 token): nothing symbolic to re-hint
         if not inspect_only or fake_mode is None:
             return example_inputs, fake_mode
-        with fake_mode:  # only the devices change
-            return [
-                torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x))
-                if isinstance(x, torch.Tensor) else x for x in example_inputs
-            ], fake_mode
+        # only the devices change
+        return [_fresh_fake(x, fake_mode, device) if isinstance(x, torch.Tensor) else x for x in example_inputs], \
+            fake_mode
     # The symbol's bounds only inform Inductor; widening the top keeps tiny ranges (e.g. [2, tp + 1]) from
     # being specialised to one size, and lets the hint sit where no shard size is degenerate.
     lo = max(rng.lo, 2)
     hi = max(rng.hi, lo + 64)
     hint = max(lo, 61)  # odd and > any tp
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+    shape = list(token.shape)
+    shape[token_dim] = hint
     new_token = mode.from_tensor(
-        torch.empty((hint, *token.shape[1:]), dtype=token.dtype, device="meta"),
+        torch.empty(shape, dtype=token.dtype, device="meta"),
         symbolic_context=StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (token.dim() - 1)
+            dynamic_sizes=[DimDynamic.DYNAMIC if d == token_dim else DimDynamic.STATIC for d in range(token.dim())]
         ),
         source=ConstantSource("sp_lab_num_tokens"),
     )
-    symbol = new_token.shape[0]
+    symbol = new_token.shape[token_dim]
     mode.shape_env.constrain_symbol_range(symbol.node.expr, compiler_min=lo, compiler_max=hi)
     inputs = []
     for i, x in enumerate(example_inputs):
@@ -71,11 +75,25 @@ def range_inputs(
                     f"graph input {i} has a symbolic shape {tuple(x.shape)} besides the token input; sp_lab "
                     "compiles one symbolic token dimension per range"
                 )
-            with mode:
-                inputs.append(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x)))
+            inputs.append(_fresh_fake(x, mode, device))
         else:
             inputs.append(x)
     return inputs, mode
+
+
+def _fresh_fake(x: torch.Tensor, mode: FakeTensorMode, device: Callable[[torch.Tensor], torch.device]) -> torch.Tensor:
+    """A fake tensor of ``mode`` like ``x``. A DTensor stays a DTensor (its local shard made afresh): the graph
+    mixes it with DTensors made inside (``DTensor.from_local``), and AOT autograd turns the whole DTensor program
+    into a plain aten graph with functional collectives, which the passes then see."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x, DTensor):
+        local = _fresh_fake(x._local_tensor, mode, device)
+        with mode:
+            return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                      stride=x.stride())
+    with mode:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device(x))
 
 
 def meta_devices_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:

@@ -71,7 +71,8 @@ class RangeCompiler:
         self.gm = meta_devices_to_cpu(gm) if inspect_only else gm
         self.token_index, self.inspect_only, self.at_capture_size = token_index, inspect_only, at_capture_size
         self.example_inputs, self.fake_mode = range_inputs(
-            example_inputs, token_index, compile_range, fake_mode, inspect_only=inspect_only
+            example_inputs, token_index, compile_range, fake_mode, inspect_only=inspect_only,
+            token_dim=config.token_dim,
         )
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
@@ -127,6 +128,7 @@ class RangeCompiler:
             rule=self.config.heuristic,
             heuristic_default=self.config.heuristic_default,
             splitting_ops=self.splitting_ops,
+            token_dim=self.config.token_dim,
             piece_index=index,
             piece_name=name,
         )
@@ -150,7 +152,7 @@ class RangeCompiler:
         def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
             whole_graph_sp.append(apply_sequence_parallel(
                 aten_gm.graph, tp_size=self.effective.tp_size, rank=self.rank, group_name=self.group_name,
-                policy=policy_for("whole_graph"),
+                policy=policy_for("whole_graph"), token_dim=self.config.token_dim,
             ))
             aten_gm.recompile()
             return make_boxed_func(self._compile_split(aten_gm, aten_inputs, pieces, in_piece_sp=False))
@@ -186,7 +188,7 @@ class RangeCompiler:
         self.report.pieces = walk.records
         token_node = [n for n in split.module.graph.nodes if n.op == "placeholder"][self.token_index]
         self.report.boundaries = record_boundaries(
-            split, walk.values, walk.values[token_node].shape[0], walk.records, self.names, self.effective.tp_size)
+            split, walk.values, walk.values[token_node].shape[self.config.token_dim], walk.records, self.names, self.effective.tp_size)
 
         for piece in split.compiled_pieces:
             fn = walk.compiled[piece.name]

@@ -88,14 +88,17 @@ class GraphBuilder:
         return value if isinstance(value, int) else self.call(aten.sym_size.int, tensor, dim)
 
     # -- token-dimension layout ------------------------------------------------------------------------------
-    def pad_rows(self, tensor: fx.Node, rows: Any) -> fx.Node:
-        """Append ``rows`` zero rows to dim 0 (``rows`` may be 0 at run time)."""
+    def pad_rows(self, tensor: fx.Node, rows: Any, dim: int = 0) -> fx.Node:
+        """Append ``rows`` zero rows to ``dim`` (``rows`` may be 0 at run time)."""
         ndim = tensor.meta["val"].dim()
-        return self.call(aten.constant_pad_nd.default, tensor, [0, 0] * (ndim - 1) + [0, rows], 0.0)
+        return self.call(aten.constant_pad_nd.default, tensor, [0, 0] * (ndim - 1 - dim) + [0, rows], 0.0)
 
-    def narrow_rows(self, tensor: fx.Node, start: Any, length: Any) -> fx.Node:
+    def narrow_rows(self, tensor: fx.Node, start: Any, length: Any, dim: int = 0) -> fx.Node:
         end = length if isinstance(start, int) and start == 0 else self.sym(operator.add, start, length)
-        return self.call(aten.slice.Tensor, tensor, 0, start, end)
+        return self.call(aten.slice.Tensor, tensor, dim, start, end)
+
+    def view(self, tensor: fx.Node, shape: list[Any]) -> fx.Node:
+        return self.call(aten.reshape.default, tensor, shape)
 
     def all_gather(self, shard: fx.Node, group_size: int, group_name: str) -> fx.Node:
         gathered = self.call(c10d.all_gather_into_tensor.default, shard, group_size, group_name)

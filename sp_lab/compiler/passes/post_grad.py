@@ -52,6 +52,7 @@ class SpLabPostGradPass(CustomGraphPass):
     rule: MatmulRule | None = None
     heuristic_default: str = "fuse"
     splitting_ops: frozenset[str] = frozenset()
+    token_dim: int = 0
     piece_index: int = 0  # which piece this pass runs on: labels the record, not part of uuid()
     piece_name: str = "graph"
     record: PieceRecord | None = None
@@ -65,7 +66,8 @@ class SpLabPostGradPass(CustomGraphPass):
         group = self.group_name
         if self.enable_sp:
             sp = apply_sequence_parallel(
-                graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=policy_for(self.boundary)
+                graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=policy_for(self.boundary),
+                token_dim=self.token_dim,
             )
             matches.update({CountKey(f"sp_{form}"): sp.count(form) for form in ("first", "middle", "last")})
             events = sp.boundary
@@ -113,6 +115,7 @@ class SpLabPostGradPass(CustomGraphPass):
         settings = (
             self.tp_size, self.rank, self.group_name, self.enable_sp, self.enable_async_tp, self.boundary,
             self.m_low, self.use_symm_mem, self.rule.uuid() if self.rule else None, self.heuristic_default,
+            self.token_dim,
         )
         h.update(repr(settings).encode())
         return h.hexdigest()

@@ -14,6 +14,12 @@ Shapes: a token count ``N`` that is not a multiple of ``tp`` is padded with zero
 reduce_scatter, every shard is ``[c, ...]`` with ``c = ceil(N / tp)``, and gathered tensors are sliced back
 to ``N`` rows (after the matmul when a matmul consumes them, so that the all_gather -> mm pair stays fusable).
 
+Layouts: the token dimension of a tensor is the first dimension of size ``N`` with only size-1 dimensions
+before it, so ``[N, H]`` (sp_lab's models) and ``[1, N, H]`` (torchtitan and Hugging Face models, batch 1) are
+both sharded along their tokens. Collectives work on dim 0, so a ``[1, N, H]`` value is viewed as ``[N, H]``
+around them; views that keep each token's row (``[1, N, H] <-> [N, H]``, ``[N, H] <-> [N, heads, d]``) carry
+the shard through. Which dimension of the *model input* holds the tokens is ``token_dim`` (LabConfig).
+
 Forms (as vLLM named them), recorded per rewrite: ``first`` (the residual enters full, e.g. after the
 embedding or at a piece boundary), ``middle`` (joins the sharded residual of an earlier rewrite and is joined
 by a later one), ``last`` (joins an earlier residual; only its normed output is gathered).
@@ -24,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx
@@ -49,6 +56,8 @@ TOKEN_LOCAL_REDUCTIONS = {
 }
 # Non-pointwise ops that act row by row.
 TOKEN_LOCAL_OTHER = {aten._to_copy.default, aten.clone.default, aten.alias.default}
+# Views that are token-local when they keep each token's row (checked on the shapes).
+VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 
 
 @dataclass
@@ -79,10 +88,19 @@ def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
     )
 
 
+def _numel(sizes) -> Any:
+    total = 1
+    for size in sizes:
+        total = total * size
+    return total
+
+
 class _Rewriter:
-    def __init__(self, graph: fx.Graph, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy):
+    def __init__(self, graph: fx.Graph, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy,
+                 token_dim: int = 0):
         self.graph, self.tp, self.rank, self.policy = graph, tp_size, rank, policy
         self.group_name = group_name
+        self.token_dim = token_dim
         self.b = GraphBuilder(graph)
         self.result = SPResult()
         self.shard: dict[fx.Node, fx.Node] = {}  # original full value -> its token shard
@@ -93,54 +111,87 @@ class _Rewriter:
         self.joined_later: set[int] = set()
 
     # -- sizes -------------------------------------------------------------------------------------------------
+    def _token_count(self, site_input: fx.Node) -> Any:
+        """``N``: dim 0 of the first SP site's input when tokens are dim 0 of the model input; otherwise the
+        ``token_dim`` size of a graph input whose earlier dims are 1 (e.g. ``input_ids [1, N]``)."""
+        val = site_input.meta["val"]
+        if self.token_dim == 0:
+            return val.shape[0]
+        for p in self.graph.nodes:
+            pval = p.meta.get("val") if p.op == "placeholder" else None
+            if (isinstance(pval, torch.Tensor) and pval.dim() > self.token_dim
+                    and not isinstance(pval.shape[self.token_dim], int)
+                    and all(isinstance(d, int) and d == 1 for d in pval.shape[: self.token_dim])):
+                return pval.shape[self.token_dim]
+        return next((d for d in val.shape if not (isinstance(d, int) and d == 1)), val.shape[0])
+
     def _setup_sizes(self, first_input: fx.Node) -> None:
-        self.tokens_val = first_input.meta["val"].shape[0]
+        self.tokens_val = self._token_count(first_input)
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         # Read the token count off a graph input, so the size arithmetic precedes every rewrite point and
         # adds no user to the nodes being rewritten.
-        source = next(
-            (
-                p
-                for p in placeholders
-                if (is_tensor_node(p) and p.meta["val"].dim() >= 1 and same_size(p.meta["val"].shape[0], self.tokens_val))
-                or (isinstance(p.meta.get("val"), torch.SymInt) and same_size(p.meta["val"], self.tokens_val))
-            ),
-            first_input,
-        )
+        source, dim = first_input, self._tdim(first_input.meta["val"])
+        for p in placeholders:
+            if isinstance(p.meta.get("val"), torch.SymInt) and same_size(p.meta["val"], self.tokens_val):
+                source, dim = p, None
+                break
+            if is_tensor_node(p) and self._tdim(p.meta["val"]) is not None:
+                source, dim = p, self._tdim(p.meta["val"])
+                break
         anchor = placeholders[-1] if source.op == "placeholder" else source
         with self.graph.inserting_before(anchor.next):
-            if isinstance(source.meta["val"], torch.SymInt):
-                self.tokens = source
-            else:
-                self.tokens = self.b.size(source, 0)
+            self.tokens = source if dim is None else self.b.size(source, dim)
             self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
             chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
             self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
             self.pad = self.b.sym(operator.sub, self.b.sym(operator.mul, self.chunk, self.tp), self.tokens)
             self.offset = self.b.sym(operator.mul, self.chunk, self.rank)
 
-    def _token_aligned(self, arg: object, out_ndim: int) -> bool:
-        return (
-            is_tensor_node(arg)
-            and arg.meta["val"].dim() == out_ndim
-            and same_size(arg.meta["val"].shape[0], self.tokens_val)
-            and not same_size(arg.meta["val"].shape[0], 1)
-        )
+    def _tdim(self, val: Any) -> int | None:
+        """The token dimension of a value: the first of size ``N``, with only size-1 dimensions before it."""
+        if not isinstance(val, torch.Tensor) or same_size(self.tokens_val, 1):
+            return None
+        for d, size in enumerate(val.shape):
+            if same_size(size, self.tokens_val):
+                return d
+            if not (isinstance(size, int) and size == 1):
+                return None
+        return None
 
-    def _padded(self, node: fx.Node) -> fx.Node:
-        return self.b.pad_rows(node, self.pad) if self.needs_pad else node
+    def _right(self, node: fx.Node) -> int | None:
+        """Where the token dimension sits counted from the right (what broadcasting aligns)."""
+        val = node.meta.get("val")
+        d = self._tdim(val)
+        return None if d is None else val.dim() - d
+
+    def _token_aligned(self, arg: object, out_right: int) -> bool:
+        return is_tensor_node(arg) and self._right(arg) == out_right
+
+    def _rest(self, node: fx.Node, dim: int) -> list[Any]:
+        """The sizes after ``dim`` (ints, or sym_size nodes)."""
+        return [self.b.size(node, d) for d in range(dim + 1, node.meta["val"].dim())]
+
+    def _padded(self, node: fx.Node, dim: int = 0) -> fx.Node:
+        return self.b.pad_rows(node, self.pad, dim) if self.needs_pad else node
 
     def _full(self, node: fx.Node) -> fx.Node:
-        """The full ``[N, ...]`` value of a sharded node (one all_gather per node, inserted at first need)."""
+        """The full value of a sharded node (one all_gather per node, inserted at first need)."""
         if node not in self.full_cache:
-            gathered = self.b.all_gather(self.shard[node], self.tp, self.group_name)
-            self.full_cache[node] = self.b.narrow_rows(gathered, 0, self.tokens) if self.needs_pad else gathered
+            shard = self.shard[node]
+            t = self._tdim(node.meta["val"])
+            flat = shard if t == 0 else self.b.view(shard, [self.chunk, *self._rest(shard, t)])
+            gathered = self.b.all_gather(flat, self.tp, self.group_name)
+            full = self.b.narrow_rows(gathered, 0, self.tokens) if self.needs_pad else gathered
+            if t != 0:
+                full = self.b.view(full, [1] * t + [self.tokens, *self._rest(shard, t)])
+            self.full_cache[node] = full
         return self.full_cache[node]
 
     def _shard_of_full(self, node: fx.Node) -> fx.Node:
         """This rank's rows of a full token-major tensor (e.g. a residual that enters a piece full)."""
         if node not in self.shard_cache:
-            self.shard_cache[node] = self.b.narrow_rows(self._padded(node), self.offset, self.chunk)
+            t = self._tdim(node.meta["val"])
+            self.shard_cache[node] = self.b.narrow_rows(self._padded(node, t), self.offset, self.chunk, t)
         return self.shard_cache[node]
 
     # -- classification ------------------------------------------------------------------------------------------
@@ -148,50 +199,74 @@ class _Rewriter:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             return False
-        if not isinstance(node.meta.get("val"), torch.Tensor):
+        out = node.meta.get("val")
+        if not isinstance(out, torch.Tensor) or self._tdim(out) is None:
+            return False
+        if target in VIEWS:
+            (src,) = [a for a in node.all_input_nodes if a in self.shard]
+            t_in, t_out = self._tdim(src.meta["val"]), self._tdim(out)
+            return t_in is not None and same_size(
+                _numel(src.meta["val"].shape[t_in + 1:]), _numel(out.shape[t_out + 1:]))
+        right = out.dim() - self._tdim(out)
+        if any(self._right(a) != right for a in node.all_input_nodes if a in self.shard):
             return False
         if torch.Tag.pointwise in target.tags or target in TOKEN_LOCAL_OTHER:
             return True
         if target in TOKEN_LOCAL_REDUCTIONS:
             dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-            ndim = node.args[0].meta["val"].dim()
-            return dims is not None and all(d % ndim != 0 for d in ([dims] if isinstance(dims, int) else dims))
+            source = node.args[0].meta["val"]
+            token = self._tdim(source)
+            return dims is not None and token is not None and all(
+                d % source.dim() != token for d in ([dims] if isinstance(dims, int) else dims))
         return False
 
     # -- rewrites ------------------------------------------------------------------------------------------------
     def _rewrite_site(self, wait: fx.Node, index: int) -> None:
         all_reduce = wait.args[0]
         x = all_reduce.args[0]
+        t = self._tdim(x.meta["val"])
+        flat = x
+        if t and x.target in VIEWS and len(x.users) == 1 and self._tdim(x.args[0].meta["val"]) == 0:
+            flat = x.args[0]  # F.linear on [1, N, H]: reduce-scatter the mm's [N, H] output itself
         with self.graph.inserting_before(wait), self.b.standing_for(wait):
-            producer = x
-            if x.target in (aten.mm.default, aten.addmm.default) and len(x.users) == 1 and self.needs_pad:
+            if flat.target in (aten.mm.default, aten.addmm.default) and len(flat.users) == 1 and self.needs_pad:
                 # Pad the matmul's rows instead of its output so that mm -> reduce_scatter stays fusable.
-                with self.graph.inserting_before(x):
-                    a_index = 0 if x.target is aten.mm.default else 1
-                    args = list(x.args)
-                    args[a_index] = self._padded(x.args[a_index])
-                    producer = self.b.call(x.target, *args)
-                to_scatter = producer
+                with self.graph.inserting_before(flat):
+                    a_index = 0 if flat.target is aten.mm.default else 1
+                    args = list(flat.args)
+                    args[a_index] = self._padded(flat.args[a_index])
+                    to_scatter = self.b.call(flat.target, *args)
             else:
-                to_scatter = self._padded(x)
-            self.shard[wait] = self.b.reduce_scatter(to_scatter, self.tp, self.group_name)
+                if self._tdim(flat.meta["val"]) != 0:
+                    flat = self.b.view(flat, [self.tokens, *self._rest(flat, t)])
+                to_scatter = self._padded(flat)
+            shard = self.b.reduce_scatter(to_scatter, self.tp, self.group_name)
+            if t:
+                shard = self.b.view(shard, [1] * t + [self.chunk, *self._rest(x, t)])
+            self.shard[wait] = shard
         self.lineage[wait] = frozenset({index})
         self.result.rewrites.append(SPRewrite(all_reduce.name, "first"))
 
     def _shard_token_local(self, node: fx.Node) -> None:
-        out_ndim = node.meta["val"].dim()
+        right = self._right(node)
 
         def to_shard(arg):
             if isinstance(arg, fx.Node) and arg in self.shard:
                 return self.shard[arg]
-            if self._token_aligned(arg, out_ndim):
+            if self._token_aligned(arg, right):
                 return self._shard_of_full(arg)
             return arg
 
         with self.graph.inserting_before(node), self.b.standing_for(node):
-            args = fx.node.map_aggregate(node.args, to_shard)
-            kwargs = fx.node.map_aggregate(node.kwargs, to_shard)
-            self.shard[node] = self.b.call(node.target, *args, **kwargs)
+            if node.target in VIEWS:
+                shape = list(node.args[1])
+                shape[self._tdim(node.meta["val"])] = self.chunk
+                src = next(a for a in node.all_input_nodes if a in self.shard)
+                self.shard[node] = self.b.call(node.target, self.shard[src], shape)
+            else:
+                args = fx.node.map_aggregate(node.args, to_shard)
+                kwargs = fx.node.map_aggregate(node.kwargs, to_shard)
+                self.shard[node] = self.b.call(node.target, *args, **kwargs)
         origins = [self.lineage[a] for a in node.all_input_nodes if a in self.lineage]
         merged = frozenset().union(*origins)
         if len(merged) > 1:
@@ -205,7 +280,8 @@ class _Rewriter:
             if node.target in (aten.mm.default, aten.addmm.default):
                 a_index = 0 if node.target is aten.mm.default else 1
                 a = node.args[a_index]
-                if a in self.shard and not any(x in self.shard for i, x in enumerate(node.args) if i != a_index):
+                if (a in self.shard and self._tdim(a.meta["val"]) == 0
+                        and not any(x in self.shard for i, x in enumerate(node.args) if i != a_index)):
                     # Own all_gather per matmul, sliced after the matmul: all_gather -> mm is a fusable pair.
                     args = list(node.args)
                     args[a_index] = self.b.all_gather(self.shard[a], self.tp, self.group_name)
@@ -241,7 +317,7 @@ class _Rewriter:
         self._setup_sizes(sites[0].args[0])
         site_waits = {}
         for s in sites:
-            if same_size(s.args[0].meta["val"].shape[0], self.tokens_val):
+            if self._tdim(s.args[0].meta["val"]) is not None:
                 site_waits[next(iter(s.users))] = len(site_waits)
         for node in list(self.graph.nodes):
             if node in site_waits:
@@ -271,7 +347,7 @@ class _Rewriter:
 
 
 def apply_sequence_parallel(
-    graph: fx.Graph, *, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy
+    graph: fx.Graph, *, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy, token_dim: int = 0
 ) -> SPResult:
     """Rewrite every token-major summing all_reduce in ``graph`` into sequence-parallel form, in place.
 
@@ -280,7 +356,8 @@ def apply_sequence_parallel(
         tp_size, rank: the tensor-parallel group size and this rank's index in it.
         group_name: only all_reduces on this group are rewritten (None: the group of the first one).
         policy: what to do where a sharded value leaves the graph (see ``boundary.py``).
+        token_dim: the dimension of the model input that holds the tokens (1 for ``[batch=1, N, H]`` models).
     """
     if tp_size < 2:
         return SPResult()
-    return _Rewriter(graph, tp_size, rank, group_name, policy).run()
+    return _Rewriter(graph, tp_size, rank, group_name, policy, token_dim).run()
