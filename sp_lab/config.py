@@ -42,6 +42,7 @@ __all__ = [
 CompileMode = Literal["piecewise", "full_graph"]
 Boundary = Literal["none", "gather_erase", "gather", "sharded"]
 HeuristicDefault = Literal["fuse", "no_fuse"]
+CudaGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
 
 SCHEMA = "sp_lab.config/1"
 
@@ -106,7 +107,15 @@ class LabConfig:
     """Largest token count any call may have (the top of the last compile range)."""
 
     cudagraphs: bool = False
-    """Capture CUDA graphs per piece and capture size (GPU only; dropped with a reason on CPU)."""
+    """Capture CUDA graphs (GPU only; dropped with a reason on CPU). A shorthand kept from before
+    ``cudagraph_mode``: ``True`` alone means ``"piecewise"``; once ``cudagraph_mode`` is given this field
+    follows it (``cudagraph_mode != "none"``)."""
+
+    cudagraph_mode: CudaGraphMode | None = None
+    """How CUDA graphs are captured at the capture sizes, as vLLM's ``cudagraph_mode``: ``"none"``;
+    ``"piecewise"`` (one graph per compiled piece, attention eager between them); ``"full"`` (the whole
+    forward as one graph); ``"full_and_piecewise"`` (full graphs where the range has SP off, piecewise where
+    it is on; see :mod:`sp_lab.compiler.cudagraphs`). ``None`` follows ``cudagraphs``."""
 
     cudagraph_capture_sizes: list[int] | None = None
     """Token counts to capture; ``None`` means :meth:`resolved_capture_sizes`' default ladder
@@ -133,6 +142,9 @@ class LabConfig:
                 setattr(self, f.name, list(value))
         self._check_values()
         # Normalise so that equal configs compare equal and serialise identically.
+        if self.cudagraph_mode is None:
+            self.cudagraph_mode = "piecewise" if self.cudagraphs else "none"
+        self.cudagraphs = self.cudagraph_mode != "none"
         self.compile_range_split_points = sorted(set(self.compile_range_split_points))
         if self.cudagraph_capture_sizes is not None:
             self.cudagraph_capture_sizes = sorted(set(self.cudagraph_capture_sizes))
@@ -171,6 +183,11 @@ class LabConfig:
                     f"compile_range_split_points[{i}]: {p} is outside (1, max_num_tokens={self.max_num_tokens}]; "
                     "a split point p starts the range [p, ...], so it must be in 2..max_num_tokens"
                 )
+        if self.cudagraphs and self.cudagraph_mode == "none":
+            raise ConfigError(
+                "cudagraphs=True contradicts cudagraph_mode='none': set cudagraph_mode to 'piecewise', 'full' or "
+                "'full_and_piecewise' (cudagraphs then follows it), or cudagraphs=False"
+            )
         if self.cudagraph_capture_sizes is not None:
             if not self.cudagraph_capture_sizes:
                 raise ConfigError(
@@ -476,10 +493,16 @@ class EffectiveConfig:
     """Symmetric memory is enabled for the TP group."""
     cudagraphs: bool
     """CUDA graphs are captured."""
+    cudagraph_mode: str = "none"
+    """The ``LabConfig.cudagraph_mode`` that runs: the requested one, or ``"none"`` where graphs were dropped."""
     tp_size: int
     """Ranks in the TP group (1 without a process group)."""
     notes: list[str] = dataclasses.field(default_factory=list)
-    """Requested settings that are valid but have no effect (:meth:`LabConfig.notes`)."""
+    """Requested settings that are valid but have no effect (:meth:`LabConfig.notes`), and in rehearsal
+    mode the note that the ranks share one GPU."""
+    rehearsal: bool = False
+    """The ranks share one GPU (``sp_lab.distributed.rehearse_on_one_gpu``): real kernels and numerics,
+    not multi-GPU latencies; rows measured so carry ``source="rehearsal"``."""
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as plain JSON types."""
@@ -497,6 +520,8 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
     import torch.distributed as dist
 
     reasons: list[str] = []
+    notes = config.notes()
+    shared_gpu = None  # the one GPU every rank uses in rehearsal mode
     sp, async_tp = config.enable_sp, config.enable_async_tp
 
     def drop_sp_and_async_tp(why: str) -> None:
@@ -532,7 +557,11 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
                 f"set LabConfig(tp_size={tp_size}) or launch {config.tp_size} ranks"
             )
         backend = _backend_name(dist.get_backend(group), cuda=torch.cuda.is_available())
-        if backend == "nccl" or (backend != "gloo" and torch.cuda.is_available()):
+        shared_gpu = _rehearsal_device(group) if backend == "gloo" else None
+        if shared_gpu is not None:
+            device = str(shared_gpu)
+            notes.append(_rehearsal_note(tp_size, device))
+        elif backend == "nccl" or (backend != "gloo" and torch.cuda.is_available()):
             device = f"cuda:{torch.cuda.current_device()}"
         else:
             device = "cpu"
@@ -546,7 +575,14 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
             "but collectives return placeholder data -- use the results for graphs, never for numbers"
         )
     if async_tp:
-        if backend in ("fake", "gloo"):
+        if shared_gpu is not None:
+            symm_mem, why = _maybe_enable_symm_mem(group)
+            if symm_mem:
+                fused_op_impl = "symm_mem"
+            else:
+                async_tp = False
+                reasons.append(f"enable_async_tp: symmetric memory unavailable for the rehearsal group: {why}")
+        elif backend in ("fake", "gloo"):
             fused_op_impl = "cpu_chunked"
             if backend == "gloo":
                 reasons.append(
@@ -573,6 +609,11 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
         reasons.append(
             f"cudagraphs: CUDA is not available (torch {torch.__version__}): pieces run without CUDA graphs"
         )
+    elif cudagraphs and shared_gpu is not None and tp_size > 1:
+        cudagraphs = False
+        reasons.append(
+            "cudagraphs: rehearsal mode: gloo collectives run on the host and cannot be captured in CUDA graphs"
+        )
     elif cudagraphs and not device.startswith("cuda"):
         cudagraphs = False
         reasons.append(
@@ -588,8 +629,10 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
         fused_op_impl=fused_op_impl,
         symm_mem=symm_mem,
         cudagraphs=cudagraphs,
+        cudagraph_mode=config.cudagraph_mode if cudagraphs else "none",
         tp_size=tp_size,
-        notes=config.notes(),
+        notes=notes,
+        rehearsal=shared_gpu is not None,
     )
 
 
@@ -601,6 +644,18 @@ def _maybe_enable_symm_mem(group: Any) -> tuple[bool, str]:
     except ImportError as e:
         return False, f"sp_lab.distributed.collectives.maybe_enable_symm_mem cannot be imported ({e})"
     return maybe_enable_symm_mem(group)
+
+
+def _rehearsal_device(group: Any) -> Any:
+    from sp_lab.distributed.collectives import rehearsal_device
+
+    return rehearsal_device(group)
+
+
+def _rehearsal_note(world_size: int, device: str) -> str:
+    from sp_lab.distributed.collectives import REHEARSAL_NOTE
+
+    return REHEARSAL_NOTE.format(world_size=world_size, device=device)
 
 
 def _backend_name(raw: Any, *, cuda: bool) -> str:

@@ -60,6 +60,8 @@ import polars as pl
 import pytest
 import torch
 import torch.distributed as dist
+
+pytest.importorskip("plotly", reason="sp_lab.viz.graph needs plotly (optional on GPU machines)")
 from test_launch import _is_alive, _live_descendants
 from test_store import make_row
 from test_sweep import StandInCompiled, stand_in_build

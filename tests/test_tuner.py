@@ -7,6 +7,7 @@ import json
 import polars as pl
 import pytest
 
+pytest.importorskip("plotly", reason="the tuner draws with plotly (optional on GPU machines)")
 from sp_lab.config import LabConfig, load_tuned_config
 from sp_lab.tuning.regret import regret_table
 from sp_lab.viz.latency import CONFIG_META

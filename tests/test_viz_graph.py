@@ -14,9 +14,10 @@ import logging
 import warnings
 from pathlib import Path
 
-import plotly.graph_objects as go
 import polars as pl
 import pytest
+
+go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
 
 from sp_lab.compiler.report import CompileReport
 from sp_lab.viz import dag_layout, graph

@@ -45,7 +45,17 @@ import torch.distributed as dist
 
 from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
 from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
-from sp_lab.vocabulary import BASELINE, MEASURED, REFERENCE_VARIANTS, SP, SP_ASYNC_TP, TUNED, VARIANTS
+from sp_lab.distributed.collectives import rehearsal_device
+from sp_lab.vocabulary import (
+    BASELINE,
+    MEASURED,
+    REFERENCE_VARIANTS,
+    REHEARSAL,
+    SP,
+    SP_ASYNC_TP,
+    TUNED,
+    VARIANTS,
+)
 
 if TYPE_CHECKING:
     from sp_lab.compiler.backend import CompiledModel
@@ -155,6 +165,9 @@ def _world() -> tuple[int, int, str]:
 
 
 def _default_device(backend: str) -> torch.device:
+    shared = rehearsal_device()  # rehearsal ranks all compute on the one GPU
+    if shared is not None:
+        return shared
     if backend == "nccl" or (backend == "none" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -323,8 +336,10 @@ def run_sweep(
         **dict(model_overrides or {}),
     )
     spec = model.spec
+    # Ranks sharing one GPU run the multi-GPU code path, not its latency: their rows are never "measured".
+    source = REHEARSAL if rehearsal_device() is not None else MEASURED
     base = {
-        "source": MEASURED,
+        "source": source,
         "sweep_id": sweep_id,
         "model": spec.name,
         "hidden_size": spec.hidden_size,
@@ -344,7 +359,7 @@ def run_sweep(
     # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
     # disagreed would wait forever in a collective the others skip).
     seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
-    done = broadcast(store.done_keys(source=MEASURED) if rank == 0 else None)
+    done = broadcast(store.done_keys(source=source) if rank == 0 else None)
 
     def key(variant: str, t: int) -> tuple:
         cfg = plan[variant]

@@ -28,6 +28,7 @@ from torch._dynamo.source import LocalSource
 from torch._guards import detect_fake_mode
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
+from sp_lab.compiler.cudagraphs import CudaGraphPlan, FullCudaGraphs, StaticTokens
 from sp_lab.compiler.failures import BoundaryError
 from sp_lab.compiler.range_compiler import RangeCompiler
 from sp_lab.compiler.ranges import plan_ranges
@@ -76,11 +77,15 @@ class CompiledModel:
         self.config = config
         self.inspect_only = inspect_only
         self.effective: EffectiveConfig = enable_sp_and_async_tp(config)
-        self._capture_sizes = set(config.resolved_capture_sizes()) if self.effective.cudagraphs else set()
-        self.at_capture_size = False  # whether the call in flight runs at a CUDA-graph capture size
+        self.at_capture_size = False  # whether the call in flight replays per-piece CUDA graphs
         for reason in self.effective.reasons:
             log.info("sp_lab.compile: %s", reason)
         self.ranges = plan_ranges(config, self.effective)
+        self._graphs = CudaGraphPlan.build(
+            self.effective.cudagraph_mode,
+            config.resolved_capture_sizes(),
+            sp_on=lambda size: next(r.enable_sp for r in self.ranges if size in r),
+        )
         self.report = CompileReport(
             requested=config.to_dict(),
             effective=self.effective.to_dict(),
@@ -91,6 +96,8 @@ class CompiledModel:
         self._token_arg = next(iter(inspect.signature(model.forward).parameters))
         self._call_started = 0.0
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
+        self._full_graphs = FullCudaGraphs(self._forward)
+        self._static_tokens = StaticTokens()
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         dim = self.config.token_dim
@@ -101,32 +108,43 @@ class CompiledModel:
             )
         num_tokens = tokens.shape[dim]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
-        padded = self._capture_size(num_tokens)
-        self.at_capture_size = padded in self._capture_sizes
-        if padded != num_tokens:
+        padded = self._graphs.padded(num_tokens)
+        kind = self._graphs.kind(padded)
+        self.at_capture_size = kind == "piecewise"
+        if kind == "piecewise":
+            # The first piece's graph keeps the tensor it was captured with as its input and copies later
+            # tokens into it: that must be sp_lab's buffer, never the caller's (it would be overwritten).
+            tokens = self._static_tokens.stage(tokens, padded, dim)
+        elif padded != num_tokens:
             # Pad to the captured size as vLLM does; causal attention keeps the first rows exact.
             pad_shape = list(tokens.shape)
             pad_shape[dim] = padded - num_tokens
             tokens = torch.cat([tokens, tokens.new_zeros(pad_shape)], dim=dim)
+        with torch.no_grad():
+            if kind == "full" and not args and not kwargs:  # a whole-forward graph holds the tokens only
+                out = self._full_graphs(tokens)
+            else:
+                out = self._forward(tokens, *args, **kwargs)
+        if kind != "none":
+            out = out.narrow(dim, 0, num_tokens).clone()  # the graph's output buffer is reused by the next replay
+        return out
+
+    def _forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """One call through Dynamo (no graph replay), recording Dynamo's own time when it compiled."""
+        dim = self.config.token_dim
         if tokens.shape[dim] > 1:
             # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
             torch._dynamo.maybe_mark_dynamic(tokens, dim)
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
         self._call_started = time.perf_counter()
-        with torch.no_grad(), _recompile_limit(_RECOMPILE_LIMIT):
+        with _recompile_limit(_RECOMPILE_LIMIT):
             out = self._dynamo(tokens, *args, **kwargs)
         if len(self.report.graphs) > graphs:
             # Dynamo's share of this call: everything but the range compiles it triggered.
             spent = time.perf_counter() - self._call_started - (_range_compile_s(self.report) - compile_s)
             graph = self.report.graphs[-1]
             self.report.graphs[-1] = DynamoGraph(graph.index, graph.static_tokens, max(spent, 0.0))
-        if self.effective.cudagraphs:
-            out = out.narrow(dim, 0, num_tokens).clone()  # the graph's output buffer is reused by the next replay
         return out
-
-    def _capture_size(self, num_tokens: int) -> int:
-        sizes = [s for s in self._capture_sizes if s >= num_tokens]
-        return min(sizes) if sizes else num_tokens
 
     # -- Dynamo backend -------------------------------------------------------------------------------------------
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:

@@ -5,7 +5,7 @@
   submodule of the same name.
 - :func:`init_from_env` / :func:`run_under_torchrun` run the same function under torchrun.
 - :mod:`sp_lab.distributed.collectives`: :func:`fake_process_group`, :func:`tp_group_name`,
-  :func:`maybe_enable_symm_mem`, :func:`device_for_rank`.
+  :func:`maybe_enable_symm_mem`, :func:`device_for_rank`, :func:`rehearse_on_one_gpu` (N ranks on one GPU).
 """
 
 from importlib import import_module
@@ -14,6 +14,8 @@ from sp_lab.distributed.collectives import (
     device_for_rank,
     fake_process_group,
     maybe_enable_symm_mem,
+    rehearsal_device,
+    rehearse_on_one_gpu,
     tp_group_name,
 )
 
@@ -38,6 +40,8 @@ __all__ = [
     "fake_process_group",
     "init_from_env",
     "maybe_enable_symm_mem",
+    "rehearsal_device",
+    "rehearse_on_one_gpu",
     "resolve_backend",
     "run_under_torchrun",
     "tp_group_name",

@@ -10,6 +10,13 @@
 - :data:`all_gather_single` / :data:`reduce_scatter_single`: the eager dim-0 collectives under their
   current names (torch 2.13 deprecates ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` with a
   FutureWarning; 2.11 has only the old names).
+- :func:`rehearse_on_one_gpu` turns a gloo rank into a *rehearsal* rank: every rank computes on the same GPU
+  and symmetric memory spans the overlapping devices, so the multi-rank GPU code path (the real
+  ``symm_mem`` fused kernels, Inductor's lowering of them, every collective sp_lab emits) runs on a machine
+  with one GPU (functional all_gathers take gloo's host-staged path there, see
+  ``_install_gloo_cuda_all_gather``). What a rehearsal cannot show: real overlap (the ranks take turns on
+  one GPU) and CUDA-graph capture of the collectives (gloo's are not capturable), so its latencies are
+  labelled ``rehearsal`` and never tuned on.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "REHEARSAL_NOTE",
     "all_gather_single",
     "device_for_rank",
     "fake_process_group",
     "maybe_enable_symm_mem",
     "reduce_scatter_single",
+    "rehearsal_device",
+    "rehearse_on_one_gpu",
     "tp_group_name",
 ]
 
@@ -37,6 +47,19 @@ all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_
 """``all_gather_single(output [tp*c, ...], input [c, ...], group=None, async_op=False)``."""
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 """``reduce_scatter_single(output [M/tp, ...], input [M, ...], op=SUM, group=None, async_op=False)``."""
+
+REHEARSAL_NOTE = (
+    "rehearsal: {world_size} ranks share one GPU ({device}) on a gloo group, with symmetric memory on "
+    "overlapping devices; numerics and the fused symm_mem kernels are real, latencies are not multi-GPU "
+    "latencies (no real overlap; gloo collectives run outside CUDA graphs)"
+)
+"""The note an effective config carries in rehearsal mode (``str.format``-ed with world_size and device)."""
+
+# Set by rehearse_on_one_gpu in this process: the one GPU every rank computes on.
+_rehearsal_device: torch.device | None = None
+# NVLink multicast stays off wherever a rank may touch symmetric memory (it can take a shared host's GPUs
+# out of service); set in the environment before the first allocation.
+_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @contextlib.contextmanager
@@ -87,11 +110,106 @@ def tp_group_name(group: dist.ProcessGroup | None = None) -> str:
     return _require_group(group, "tp_group_name").group_name
 
 
+def rehearse_on_one_gpu(device: int | str | torch.device = 0) -> torch.device:
+    """Make this gloo rank a rehearsal rank on ``device``; call in every rank before building the model.
+
+    Every rank of the gloo group then computes on the same GPU, and symmetric memory is allowed to span
+    ranks on overlapping devices (``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1``, set here, before the first
+    symmetric-memory rendezvous). :func:`sp_lab.enable_sp_and_async_tp` then reports ``device`` as the
+    model's device, ``fused_op_impl="symm_mem"`` and a note that the ranks share one GPU, and
+    :func:`device_for_rank` returns ``device``. Typical use::
+
+        def rank_fn():
+            device = rehearse_on_one_gpu()
+            model = sp_lab.models.build("toy", tp_rank=dist.get_rank(), tp_size=dist.get_world_size(),
+                                        device=device)
+            ...
+        sp_lab.launch(rank_fn, world_size=4, backend="gloo")
+
+    Raises RuntimeError without a gloo group or without CUDA (NCCL refuses two ranks on one GPU:
+    "Duplicate GPU detected", which is why the rehearsal runs on gloo), ValueError for a non-CUDA device.
+    """
+    global _rehearsal_device
+    group = _require_group(None, "rehearse_on_one_gpu")
+    backend = str(dist.get_backend(group))
+    if backend != "gloo":
+        raise RuntimeError(
+            f"rehearse_on_one_gpu needs a gloo group, this one is {backend!r}: NCCL refuses several ranks on "
+            "one GPU. Launch with sp_lab.launch(fn, world_size=N, backend='gloo')."
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"rehearse_on_one_gpu needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU machine run "
+            "the gloo ranks on the CPU, where AsyncTP uses sp_lab's chunked reference ops"
+        )
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device: a rehearsal runs on a CUDA device, got {str(device)!r} (e.g. 0 or 'cuda:0')")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    for key, value in _MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    torch.cuda.set_device(device)
+    _install_gloo_cuda_all_gather()
+    _rehearsal_device = device
+    return device
+
+
+# Functional all_gathers (what sp_lab's LM head, the SP pass and Inductor emit) reach gloo through
+# allgather_into_tensor_coalesced, which treats CUDA pointers as host memory and segfaults (pytorch issue
+# #152645; seen here on torch 2.11 for eager and compiled all_gathers, while all_reduce and reduce_scatter
+# work). dist.all_gather_into_tensor (all_gather_single) takes gloo's _allgather_base, which stages CUDA tensors through the
+# host correctly. Rehearsal ranks therefore get CUDA kernels for the functional all_gather ops that call it;
+# its result is complete when returned, so the graph's wait_tensor finds no pending work and passes it on.
+_gloo_cuda_all_gather_lib: torch.library.Library | None = None
+
+
+def _install_gloo_cuda_all_gather() -> None:
+    global _gloo_cuda_all_gather_lib
+    if _gloo_cuda_all_gather_lib is not None:
+        return
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    def gather_into(out: torch.Tensor, shard: torch.Tensor, group: str | dist.ProcessGroup) -> torch.Tensor:
+        # The op's group argument is a name (torch 2.11) or may be the group itself (newer schemas: Any).
+        group = group if isinstance(group, dist.ProcessGroup) else _resolve_process_group(group)
+        all_gather_single(out, shard.contiguous(), group=group)
+        return out
+
+    def all_gather_into_tensor(shard: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+        out = shard.new_empty((shard.shape[0] * group_size, *shard.shape[1:]))
+        return gather_into(out, shard, group_name)
+
+    def all_gather_into_tensor_out(shard, group_size, group_name, *, out):
+        return gather_into(out, shard, group_name)
+
+    def all_gather_into_tensor_coalesced(shards, group_size, group_name):
+        return [all_gather_into_tensor(shard, group_size, group_name) for shard in shards]
+
+    lib = torch.library.Library("_c10d_functional", "IMPL")
+    lib.impl("all_gather_into_tensor", all_gather_into_tensor, "CUDA")
+    lib.impl("all_gather_into_tensor_out", all_gather_into_tensor_out, "CUDA")
+    lib.impl("all_gather_into_tensor_coalesced", all_gather_into_tensor_coalesced, "CUDA")
+    _gloo_cuda_all_gather_lib = lib
+
+
+def rehearsal_device(group: dist.ProcessGroup | None = None) -> torch.device | None:
+    """The shared GPU when this process is a rehearsal rank (:func:`rehearse_on_one_gpu`) of a gloo
+    ``group`` (default WORLD); ``None`` otherwise (also after the group was destroyed)."""
+    if _rehearsal_device is None or not dist.is_initialized():
+        return None
+    if str(dist.get_backend(group if group is not None else dist.group.WORLD)) != "gloo":
+        return None
+    return _rehearsal_device
+
+
 def maybe_enable_symm_mem(group: dist.ProcessGroup | None = None) -> tuple[bool, str]:
     """Enable symmetric memory for ``group`` (default WORLD) if this machine can use it.
 
     Returns ``(True, reason)`` once enabled, or ``(False, reason)`` naming what is missing: no process
-    group, no CUDA, a backend other than NCCL, world_size 1, or a torch without symmetric memory.
+    group, no CUDA, a backend other than NCCL (gloo only in rehearsal mode, :func:`rehearse_on_one_gpu`),
+    world_size 1, or a torch without symmetric memory.
     Never raises for an unsuitable machine: callers fall back to unfused collectives and show the reason.
 
     Why the deprecated call: on torch 2.11-2.14 ``enable_symm_mem_for_group`` is deprecated but still
@@ -105,8 +223,12 @@ def maybe_enable_symm_mem(group: dist.ProcessGroup | None = None) -> tuple[bool,
     world_size = dist.get_world_size(group)
     if not torch.cuda.is_available():
         return False, "no CUDA device: symmetric memory and the fused symm_mem kernels exist only on GPUs"
-    if backend != "nccl":
-        return False, f"the group's backend is {backend!r}; symmetric memory needs an NCCL group"
+    rehearsal = rehearsal_device(group) is not None
+    if backend != "nccl" and not rehearsal:
+        return False, (
+            f"the group's backend is {backend!r}; symmetric memory needs an NCCL group (or, with every rank "
+            "on one GPU, a gloo group in rehearsal mode: sp_lab.distributed.rehearse_on_one_gpu())"
+        )
     if world_size == 1:
         return False, "world_size is 1: there is no communication to overlap"
     try:
@@ -117,8 +239,8 @@ def maybe_enable_symm_mem(group: dist.ProcessGroup | None = None) -> tuple[bool,
     is_enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
     if enable is None:
         return False, f"torch {torch.__version__} has no enable_symm_mem_for_group"
-    # NVLink multicast stays off (see sp_lab.distributed.launch); set before the first allocation.
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    for key, value in _MULTICAST_OFF.items():  # before the first symmetric-memory allocation
+        os.environ.setdefault(key, value)
     name = group.group_name
     try:
         with warnings.catch_warnings():
@@ -129,18 +251,22 @@ def maybe_enable_symm_mem(group: dist.ProcessGroup | None = None) -> tuple[bool,
         return False, f"enable_symm_mem_for_group({name!r}) failed: {type(error).__name__}: {error}"
     if is_enabled is not None and not is_enabled(name):
         return False, f"enable_symm_mem_for_group({name!r}) returned but the group is still not enabled"
-    return True, f"symmetric memory enabled for group {name!r} (world_size {world_size}, NCCL)"
+    where = "ranks sharing one GPU, gloo" if rehearsal else "NCCL"
+    return True, f"symmetric memory enabled for group {name!r} (world_size {world_size}, {where})"
 
 
 def device_for_rank(rank: int) -> torch.device:
     """The device rank ``rank`` of this machine computes on.
 
     ``cuda:rank`` (modulo the visible GPUs) when CUDA is available and the group, if any, is NCCL;
-    the CPU otherwise: a gloo or fake group on a GPU machine still computes on the CPU, matching
-    what :func:`sp_lab.launch` set up.
+    the shared GPU for a rehearsal rank (:func:`rehearse_on_one_gpu`); the CPU otherwise: a gloo or
+    fake group on a GPU machine still computes on the CPU, matching what :func:`sp_lab.launch` set up.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    shared = rehearsal_device()
+    if shared is not None:
+        return shared
     if not torch.cuda.is_available():
         return torch.device("cpu")
     if dist.is_initialized() and str(dist.get_backend()) != "nccl":

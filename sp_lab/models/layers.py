@@ -38,6 +38,7 @@ __all__ = [
     "TensorParallel",
     "TensorSlice",
     "VocabParallelEmbedding",
+    "gather_last_dim",
     "silu_and_mul",
 ]
 
@@ -304,6 +305,15 @@ class VocabParallelEmbedding(nn.Module):
         return f"vocab={self.vocab_size} (local [{self.vocab_start}, {self.vocab_end})), hidden={self.hidden_size}"
 
 
+def gather_last_dim(x: torch.Tensor, tp_size: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """``[T, N/tp]`` on each rank -> ``[T, N]``, rank ``r``'s block at columns ``[r*N/tp, (r+1)*N/tp)``.
+
+    An all_gather along dim 0 (``[tp*T, N/tp]``), then the rank blocks move to the last dim.
+    """
+    gathered = _all_gather_single(x, 0, group)
+    return gathered.view(tp_size, *x.shape).transpose(0, 1).reshape(x.shape[0], -1)
+
+
 class ParallelLMHead(nn.Module):
     """Output projection with the vocabulary split across ranks, gathered to full logits.
 
@@ -339,9 +349,10 @@ class ParallelLMHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.weight)
         if self.tp.size > 1:
-            # [T, V/tp] per rank -> [T, V]: all_gather_into_tensor stacks along dim 0, then a chunk+cat
-            # moves the rank blocks to the vocab dim.
-            logits = _all_gather_single(logits, 1, self.tp.group())
+            # [T, V/tp] per rank -> [tp*T, V/tp] (all_gather along dim 0) -> [T, V]: the rank blocks move to
+            # the vocab dim. Permuting here rather than passing gather_dim=1 keeps Dynamo out of torch 2.11's
+            # _maybe_view_chunk_cat, which it refuses to trace ("marked as skipped").
+            logits = gather_last_dim(logits, self.tp.size, self.tp.group())
         return logits
 
     def checkpoint_plan(self, parent: str) -> list[ParamPlan]:

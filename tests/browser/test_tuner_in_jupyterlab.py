@@ -54,6 +54,11 @@ def lab(tmp_path):
     news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
     news.write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    # every cell stays in the DOM: with JupyterLab's default windowing, the tuner's plot is detached once
+    # Run All has scrolled to the last cell, and the plot can no longer be read
+    tracker = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text('{"windowingMode": "none"}')
     with serve_notebook(NOTEBOOK, tmp_path) as served:
         yield served
 

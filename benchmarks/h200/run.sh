@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue #11 in one device call on one H200: every JSON file under data/h200/ that #11 asks for, and the
+# GPU test suite, within the device tool's 10-minute limit.
+#
+#   bash benchmarks/h200/run.sh        # on the device machine (the device tool sets OUT); carry .whl (polars)
+#   ONLY="verify_gpu rehearsal" bash benchmarks/h200/run.sh   # some steps only
+#
+# Writes to $OUT (the device tool returns at most 8 files): attention.json, tp1_latency.json,
+# verify_gpu.json (commit as verify_gpu_h200.json), rehearsal_numerics.json, and logs/ (run.log with
+# every step's exit code, timed_steps.log, rehearsal.log, pytest_gpu.log).
+# Timed steps run alone on the GPU; the two untimed ones (rehearsal numerics, pytest -m gpu) run last,
+# side by side, since they are bound by compiling on the CPU. pytest leaves out the rehearsed compiles
+# (test_compiled_tp_model_...), which rehearsal_numerics.py runs with the same cases and bounds.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+# NVLink multicast stays off in NCCL, PyTorch and NVSHMEM, here and in every process started from here.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/sp_lab_inductor}
+OUT=${OUT:-out/h200}
+LOGS=$OUT/logs
+mkdir -p "$OUT" "$LOGS"
+export SP_LAB_BENCH_COMMAND="bash benchmarks/h200/run.sh (device tool, nvidia-h200)"
+
+WHEELS=${WHEELS:-.whl}  # polars is not in the GPU image; it travels as wheels
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+        || { echo "run.sh: installing the carried wheels failed" >&2; exit 3; }
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/run.log"
+python3 -c 'import torch, polars; print("torch", torch.__version__, "cuda", torch.version.cuda, "polars", polars.__version__)' \
+    | tee -a "$LOGS/run.log"
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record the exit code in run.log
+    local name=$1 limit=$2; shift 2
+    if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then echo "$name: skipped (ONLY=$ONLY)" >>"$LOGS/run.log"; return; fi
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOGS/run.log"
+    tail -n 25 "$LOGS/$name.log"
+}
+
+step attention_timed 90 python3 benchmarks/h200/bench_attention.py
+step tp1_latency_timed 200 python3 benchmarks/h200/bench_tp1_latency.py
+step verify_gpu_timed 120 python3 benchmarks/verify_gpu.py
+step rehearsal 330 python3 benchmarks/h200/rehearsal_numerics.py &
+step pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider -k "not compiled_tp_model" tests &
+wait
+# The device tool returns at most 8 files: the timed steps' logs travel as one.
+(cd "$LOGS" && cat ./*_timed.log > timed_steps.log 2>/dev/null; rm -f ./*_timed.log)
+echo "== run.log"; cat "$LOGS/run.log"
