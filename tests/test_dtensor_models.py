@@ -104,10 +104,14 @@ def test_a_plan_with_sequence_parallel_gets_its_collectives_fused(fake):
 
 # (plan, boundary, mode): gather_erase equals gather here (no in-place residual), so it is checked on the fake
 # group only.
-# ("tp", "gather") is left out: on 2 gloo ranks it passes alone (max error 3.6e-7) but fails on rank 1 after the
-# fake-group fixture has run in the same session ("shape '[1, 2*(((s59 + 1)//2)), -1, 8]' is invalid for input of
-# size 32*s59 - 32*(((s59 + 1)//2))"); the cause is not found yet (reported on issue #12).
-NUMERIC_CASES = [c for c in FAKE_CASES if c[1] not in ("gather_erase", "gather")] + [SP_PLAN_CASE]
+# The titan_sp plan is left out of the numerics: compiled, rank 1 fails. DTensor's ``SequenceParallel`` makes its
+# ``Shard(1)`` DTensors with ``from_local`` and no global shape, so the Dynamo graph's ``seq`` is 2 x the local
+# shard; at the odd hint sp_lab traces each range with (61) the shards are uneven and rank 1's attention view is
+# invalid ("shape '[1, 2*(((s59 + 1)//2)), -1, 8]' is invalid for input of size 32*s59 - 32*(((s59 + 1)//2))").
+# With a hint of Dynamo's parity it compiles but the ranks then disagree on a collective's size at 14 tokens
+# (gloo: 448 vs 384 bytes); eager runs match the unsharded model at 12 and 14 tokens. One failing case fails the
+# shared fixture, which is why every case here looked broken. Its op counts are checked on the fake group above.
+NUMERIC_CASES = [c for c in FAKE_CASES if c[1] != "gather_erase"]
 COUNTS = (12, 13)
 
 
@@ -130,13 +134,9 @@ def gloo() -> list[dict[str, Any]]:
     return sp_lab.launch(_numerics_worker, NUMERIC_CASES, world_size=TP, timeout=900.0)
 
 
-# Passed on every case (max error < 1e-4) before the compiler split was merged ; since
-# then rank 1 fails while compiling: "shape '[1, 2*(((s59 + 1)//2)), -1, 8]' is invalid for input of size
-# 32*s59 - 32*(((s59 + 1)//2))" (reported on issue #12; the op counts above still hold on the fake group).
-@pytest.mark.xfail(strict=False, reason="rank 1 fails to compile [1, N, H] DTensor pieces since the compiler split")
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: _label(*c))
 def test_compiled_dtensor_model_matches_the_unsharded_model(gloo, case):
     for rank, results in enumerate(gloo):
         got = results[_label(*case)]
         assert max(got["diffs"].values()) < 1e-4, (rank, got["diffs"])
-        assert got["fused"] == (case != SP_PLAN_CASE)  # see the strict xfail above
+        assert got["fused"], (rank, got)
