@@ -3,7 +3,8 @@
 Public entry points (imported lazily so that ``import sp_lab`` stays cheap and a notebook
 that only plots recorded data never pays for Inductor's start-up):
 
-- :class:`LabConfig`, :func:`enable_sp_and_async_tp`, :class:`ConfigError` (``sp_lab.config``)
+- :class:`LabConfig`, :class:`ConfigError` (``sp_lab.config``)
+- :func:`enable_sp_and_async_tp`, :class:`EffectiveConfig` (``sp_lab.effective``)
 - :func:`compile`, :class:`CompiledModel`, :class:`BoundaryError` (``sp_lab.compiler.backend``)
 - :class:`CompileReport` (``sp_lab.compiler.report``; reading one needs no torch)
 - :func:`launch` (``sp_lab.distributed.launch``)
@@ -20,17 +21,18 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
     from sp_lab import models
     from sp_lab.compiler.backend import BoundaryError, CompiledModel, compile
     from sp_lab.compiler.report import CompileReport
-    from sp_lab.config import ConfigError, EffectiveConfig, LabConfig, enable_sp_and_async_tp
+    from sp_lab.config import ConfigError, LabConfig
     from sp_lab.distributed.launch import launch
+    from sp_lab.effective import EffectiveConfig, enable_sp_and_async_tp
     from sp_lab.widgets.tuner import tune
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "LabConfig": "sp_lab.config",
-    "EffectiveConfig": "sp_lab.config",
+    "EffectiveConfig": "sp_lab.effective",
     "ConfigError": "sp_lab.config",
-    "enable_sp_and_async_tp": "sp_lab.config",
+    "enable_sp_and_async_tp": "sp_lab.effective",
     "compile": "sp_lab.compiler.backend",
     "CompiledModel": "sp_lab.compiler.backend",
     "BoundaryError": "sp_lab.compiler.backend",

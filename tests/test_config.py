@@ -10,13 +10,12 @@ import torch.distributed as dist
 
 from sp_lab.config import (
     ConfigError,
-    EffectiveConfig,
     LabConfig,
-    enable_sp_and_async_tp,
     export_tuned_config,
     load_tuned_config,
     vllm_sp_min_token_num,
 )
+from sp_lab.effective import EffectiveConfig, enable_sp_and_async_tp
 from sp_lab.rules import MatmulRule
 from sp_lab.vllm_releases import RELEASES, unknown_fields
 
@@ -46,10 +45,11 @@ def test_every_field_has_a_docstring():
     import ast
     import inspect
 
-    import sp_lab.config as module
+    import sp_lab.config
+    import sp_lab.effective
 
-    tree = ast.parse(inspect.getsource(module))
-    for cls in (LabConfig, EffectiveConfig):
+    for cls, module in ((LabConfig, sp_lab.config), (EffectiveConfig, sp_lab.effective)):
+        tree = ast.parse(inspect.getsource(module))
         body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
         documented = {
             stmt.target.id

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sp_lab.compiler.cudagraphs import CudaGraphPlan
-from sp_lab.config import ConfigError, LabConfig, enable_sp_and_async_tp
+from sp_lab.config import ConfigError, LabConfig
+from sp_lab.effective import enable_sp_and_async_tp
 
 
 def test_cudagraphs_is_a_shorthand_that_follows_the_mode():

@@ -33,7 +33,8 @@ from sp_lab.compiler.failures import BoundaryError
 from sp_lab.compiler.range_compiler import RangeCompiler
 from sp_lab.compiler.ranges import plan_ranges
 from sp_lab.compiler.report import CompileReport, DynamoGraph, RangeReport
-from sp_lab.config import EffectiveConfig, LabConfig, enable_sp_and_async_tp
+from sp_lab.config import LabConfig
+from sp_lab.effective import EffectiveConfig, enable_sp_and_async_tp
 
 if TYPE_CHECKING:
     from sp_lab.compiler.ranges import CompileRange

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
     from sp_lab.compiler.passes.sequence_parallel import SPResult
     from sp_lab.compiler.ranges import CompileRange
-    from sp_lab.config import EffectiveConfig, LabConfig
+    from sp_lab.config import LabConfig
+    from sp_lab.effective import EffectiveConfig
 
 __all__ = ["RangeCompiler"]
 

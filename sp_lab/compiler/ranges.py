@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sp_lab.config import EffectiveConfig, LabConfig
+from sp_lab.config import LabConfig
+from sp_lab.effective import EffectiveConfig
 
 __all__ = ["CompileRange", "plan_ranges"]
 
