@@ -127,13 +127,15 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
             "but collectives return placeholder data -- use the results for graphs, never for numbers"
         )
     if async_tp:
-        if shared_gpu is not None:
+        # NCCL ranks and rehearsal ranks (gloo, one shared GPU) both run PyTorch's symmetric-memory kernels.
+        if backend == "nccl" or shared_gpu is not None:
             symm_mem, why = _maybe_enable_symm_mem(group)
             if symm_mem:
                 fused_op_impl = "symm_mem"
             else:
                 async_tp = False
-                reasons.append(f"enable_async_tp: symmetric memory unavailable for the rehearsal group: {why}")
+                which = "rehearsal" if shared_gpu is not None else "TP"
+                reasons.append(f"enable_async_tp: symmetric memory unavailable for the {which} group: {why}")
         elif backend in ("fake", "gloo"):
             fused_op_impl = "cpu_chunked"
             if backend == "gloo":
@@ -141,13 +143,6 @@ def enable_sp_and_async_tp(config: LabConfig, group: Any = None) -> EffectiveCon
                     "enable_async_tp: gloo has no symmetric memory: AsyncTP runs sp_lab's CPU chunked fused "
                     "ops, a correctness path with no communication/compute overlap -- time it on NCCL"
                 )
-        elif backend == "nccl":
-            symm_mem, why = _maybe_enable_symm_mem(group)
-            if symm_mem:
-                fused_op_impl = "symm_mem"
-            else:
-                async_tp = False
-                reasons.append(f"enable_async_tp: symmetric memory unavailable for the TP group: {why}")
         else:
             async_tp = False
             reasons.append(
