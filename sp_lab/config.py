@@ -18,6 +18,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,8 +126,14 @@ class LabConfig:
 
     token_dim: int = 0
     """Which dimension of the model's first forward argument holds the tokens: 0 for sp_lab's models
-    (``input_ids [N]``, activations ``[N, H]``), 1 for ``[batch=1, N]`` inputs (torchtitan, Hugging Face).
-    The token count of a call, the compile ranges and SP's sharding all follow this dimension."""
+    (``input_ids [N]``, activations ``[N, H]``), 1 for ``[batch, seq]`` inputs (torchtitan, Hugging Face).
+
+    The dimensions before it are a batch: a call's token count is every token it holds, ``batch * seq``
+    (:meth:`num_tokens`), as vLLM counts the flattened tokens of a batch. Compile ranges,
+    ``async_tp_min_tokens``, ``sp_min_tokens``, ``max_num_tokens`` and the report's per-count lookups
+    (``report.op_counts(n)``) all compare against that product; a ``[2, 64]`` call is 128 tokens. SP shards
+    the ``batch * seq`` rows of each activation (``[B, S, H]`` viewed as ``[B*S, H]``). The batch size is
+    static: another batch size is another Dynamo graph (its own compiles)."""
 
     def __post_init__(self) -> None:
         hints = _field_types(type(self))
@@ -230,6 +237,23 @@ class LabConfig:
         starts = sorted({1, self.async_tp_min_tokens, self.sp_start, *self.compile_range_split_points})
         ends = [s - 1 for s in starts[1:]] + [self.max_num_tokens]
         return list(zip(starts, ends, strict=True))
+
+    def num_tokens(self, shape: Sequence[Any]) -> Any:
+        """The token count of a call whose first argument has ``shape``: the product of its dimensions up to
+        and including ``token_dim`` (``batch * seq`` for ``[batch, seq]``; ints or SymInts).
+
+        >>> LabConfig(token_dim=1).num_tokens((2, 64))
+        128
+        """
+        if len(shape) <= self.token_dim:
+            raise ValueError(
+                f"token_dim={self.token_dim} but the first argument has shape {tuple(shape)}: set LabConfig.token_dim "
+                "to the dimension that holds the tokens (0 for [N] / [N, H], 1 for [batch, N])"
+            )
+        count = 1
+        for size in shape[: self.token_dim + 1]:
+            count = count * size
+        return count
 
     def range_for(self, num_tokens: int) -> tuple[int, int]:
         """The compile range ``(lo, hi)`` that serves a call with ``num_tokens`` tokens."""

@@ -102,15 +102,16 @@ class CompiledModel:
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         dim = self.config.token_dim
-        if tokens.dim() <= dim:
-            raise ValueError(
-                f"token_dim={dim} but the first argument has shape {tuple(tokens.shape)}: set LabConfig.token_dim "
-                "to the dimension that holds the tokens (0 for [N] / [N, H], 1 for [batch=1, N])"
-            )
-        num_tokens = tokens.shape[dim]
+        num_tokens = self.config.num_tokens(tokens.shape)  # batch * seq; rejects a token_dim past the rank
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
         padded = self._graphs.padded(num_tokens)
         kind = self._graphs.kind(padded)
+        if kind != "none" and num_tokens != tokens.shape[dim]:
+            raise NotImplementedError(
+                f"CUDA graphs are captured per token count of a batch-1 input; this call has shape "
+                f"{tuple(tokens.shape)} (batch {num_tokens // tokens.shape[dim]}, token_dim={dim}): flatten the "
+                "batch into the token dimension, or set cudagraph_mode='none'"
+            )
         self.at_capture_size = kind == "piecewise"
         if kind == "piecewise":
             # The first piece's graph keeps the tensor it was captured with as its input and copies later
@@ -156,14 +157,14 @@ class CompiledModel:
             n.meta.get("example_value", x)
             for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
         ]
-        tokens = example_inputs[token_index].shape[self.config.token_dim]
+        tokens = self.config.num_tokens(example_inputs[token_index].shape)
         graph = DynamoGraph(len(self.report.graphs), tokens if isinstance(tokens, int) else None,
                             time.perf_counter() - self._call_started)
         self.report.graphs.append(graph)
         artifacts: dict[int, Callable] = {}
 
         def dispatch(*args: Any) -> Any:
-            num_tokens = args[token_index].shape[self.config.token_dim]
+            num_tokens = self.config.num_tokens(args[token_index].shape)
             index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
             if index not in artifacts:
                 artifacts[index] = RangeCompiler(

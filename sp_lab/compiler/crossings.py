@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
@@ -19,17 +22,23 @@ __all__ = ["record_boundaries"]
 def record_boundaries(
     split: SplitGraph,
     values: dict[fx.Node, Any],
-    tokens: int | torch.SymInt,
+    token_shape: Sequence[int | torch.SymInt],
     pieces: list[PieceRecord],
     names: TensorNames,
     tp_size: int,
 ) -> list[Boundary]:
-    """The boundaries of ``split``, with the fake ``values`` its nodes took for ``tokens`` tokens.
+    """The boundaries of ``split``, with the fake ``values`` its nodes took for one call.
 
-    ``shape_before`` is what the tensor would be without SP (what the next piece expects in the in-piece
-    strategies); ``shape_after`` is what really crosses after the passes; ``sharded_after`` marks a token
-    shard. Names come from ``names`` (the model's, identical in every strategy).
+    ``token_shape`` is the token input's shape up to its token dimension (``[N]``, or ``[B, S]`` for a batch:
+    ``B * S`` tokens). ``shape_before`` is what the tensor would be without SP (what the next piece expects in
+    the in-piece strategies); ``shape_after`` is what really crosses after the passes; ``sharded_after`` marks
+    a token shard: fewer token rows than the call has, whichever dimension holds them (``[1, c, H]`` for
+    ``[1, N, H]``). Names come from ``names`` (the model's, identical in every strategy).
     """
+    tokens: Any = 1
+    for size in token_shape:
+        tokens = tokens * size
+    shard_rows = ((tokens + tp_size - 1) // tp_size, tokens // tp_size)
     index_of = {n: next(p.index for p in split.pieces if p.name == n.target)
                 for n in split.module.graph.nodes if n.op == "call_module"}
     records = {p.index: p for p in pieces}
@@ -58,17 +67,23 @@ def record_boundaries(
             output = next((o for o in outputs if o.index == (out_index or 0)), None)
             after = (output.shape if output is not None else None) or shape_json(val)
             before = (output.shape_before if output is not None else None) or shape_json(val)
-            sharded = (after is not None and str(after[0]) != str(shape_json(val)[0])) or not same_size(
-                val.shape[0], tokens)
+            full_t = _rows_dim(val.shape, (tokens,))
+            shard_t = _rows_dim(val.shape, shard_rows) if full_t is None else None
+            # In-piece SP: the walk's value is the piece's unsharded output and its record says what it became;
+            # SP before splitting: the value itself is the shard.
+            sharded = (full_t is not None and after is not None
+                       and [str(d) for d in after[: full_t + 1]] != [str(d) for d in shape_json(val)[: full_t + 1]]) \
+                or shard_t is not None
+            t = full_t if full_t is not None else shard_t
             name = names.lookup(len(boundaries), _made_in_piece(split, source, out_index))
             crossing.append(BoundaryCrossing(
                 name=name.name,
                 dtype=str(val.dtype).removeprefix("torch."),
-                shape_before=before if not sharded or before != after else _full_rows(after, tokens),
+                shape_before=before if not sharded or before != after else _full_rows(after, t, token_shape, tokens),
                 shape_after=after,
                 sharded_before=False,
                 sharded_after=bool(sharded),
-                bytes_per_token_after=_bytes_per_token(val, sharded, tp_size),
+                bytes_per_token_after=_bytes_per_token(val, t if sharded else None, tokens, tp_size),
                 node=node.name,
                 module=name.module,
                 source=name.source,
@@ -96,10 +111,38 @@ def _made_in_piece(split: SplitGraph, call: fx.Node, out_index: int | None) -> f
     return call
 
 
-def _full_rows(shape: Shape, tokens: int | torch.SymInt) -> Shape:
-    return (tokens if isinstance(tokens, int) else str(tokens), *shape[1:])
+def _rows_dim(shape: Sequence[Any], rows: Sequence[Any]) -> int | None:
+    """The first dimension at which ``shape``'s leading sizes multiply to one of ``rows``, if any."""
+    product: Any = 1
+    for d, size in enumerate(shape):
+        product = product * size
+        if any(same_size(product, r) for r in rows):
+            return d
+    return None
 
 
-def _bytes_per_token(val: torch.Tensor, sharded: bool, tp: int) -> float:
-    row = val[0].numel() * val.element_size() if val.dim() else val.element_size()
-    return float(row) / (tp if sharded else 1)
+def _full_rows(shape: Shape, t: int, token_shape: Sequence[Any], tokens: Any) -> Shape:
+    """``shape`` (a shard, token rows in dims ``0..t``) with the call's rows: ``[B, S, ...]`` or ``[1.., N, ...]``."""
+    prefix = list(token_shape) if t + 1 == len(token_shape) else [1] * t + [tokens]
+    return (*(d if isinstance(d, int) else str(d) for d in prefix), *shape[t + 1:])
+
+
+def _bytes_per_token(val: torch.Tensor, shard_t: int | None, tokens: Any, tp: int) -> float | None:
+    """Bytes this rank holds per token of the call: a shard's row over ``tp`` (its rows are ``1/tp`` of the
+    tokens), else the whole tensor over the token count (``[B, heads, S, d]``: ``heads * d`` elements). None
+    where that is not one number for every token count (a tensor that does not grow with the tokens).
+
+    Symbolic sizes are divided as expressions: turning one into a Python number would specialise the range's
+    token symbol in its ShapeEnv (every later shape would print as the trace hint).
+    """
+    if shard_t is not None:
+        size: Any = math.prod(val.shape[shard_t + 1:]) * val.element_size()
+        divisor: Any = tp
+    else:
+        size, divisor = val.numel() * val.element_size(), tokens
+    ratio = sympy.sympify(_expr(size)) / sympy.sympify(_expr(divisor))
+    return float(ratio) if ratio.is_number else None
+
+
+def _expr(size: Any) -> Any:
+    return size.node.expr if isinstance(size, torch.SymInt) else size

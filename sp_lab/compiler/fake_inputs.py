@@ -47,8 +47,12 @@ def range_inputs(
             fake_mode
     # The symbol's bounds only inform Inductor; widening the top keeps tiny ranges (e.g. [2, tp + 1]) from
     # being specialised to one size, and lets the hint sit where no shard size is degenerate.
-    lo = max(rng.lo, 2)
-    hi = max(rng.hi, lo + 64)
+    # Ranges count batch * seq tokens (LabConfig.num_tokens); the symbol is seq, the batch is static.
+    batch = 1
+    for size in token.shape[:token_dim]:
+        batch *= int(size)
+    lo = max(-(-rng.lo // batch), 2)
+    hi = max(rng.hi // batch, lo + 64)
     hint = max(lo, 61)  # odd and > any tp
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
     shape = list(token.shape)

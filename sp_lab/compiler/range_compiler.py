@@ -189,7 +189,8 @@ class RangeCompiler:
         self.report.pieces = walk.records
         token_node = [n for n in split.module.graph.nodes if n.op == "placeholder"][self.token_index]
         self.report.boundaries = record_boundaries(
-            split, walk.values, walk.values[token_node].shape[self.config.token_dim], walk.records, self.names, self.effective.tp_size)
+            split, walk.values, walk.values[token_node].shape[: self.config.token_dim + 1], walk.records, self.names,
+            self.effective.tp_size)
 
         for piece in split.compiled_pieces:
             fn = walk.compiled[piece.name]

@@ -14,11 +14,17 @@ Shapes: a token count ``N`` that is not a multiple of ``tp`` is padded with zero
 reduce_scatter, every shard is ``[c, ...]`` with ``c = ceil(N / tp)``, and gathered tensors are sliced back
 to ``N`` rows (after the matmul when a matmul consumes them, so that the all_gather -> mm pair stays fusable).
 
-Layouts: the token dimension of a tensor is the first dimension of size ``N`` with only size-1 dimensions
-before it, so ``[N, H]`` (sp_lab's models) and ``[1, N, H]`` (torchtitan and Hugging Face models, batch 1) are
-both sharded along their tokens. Collectives work on dim 0, so a ``[1, N, H]`` value is viewed as ``[N, H]``
-around them; views that keep each token's row (``[1, N, H] <-> [N, H]``, ``[N, H] <-> [N, heads, d]``) carry
-the shard through. Which dimension of the *model input* holds the tokens is ``token_dim`` (LabConfig).
+Layouts: a batch of ``B`` sequences of ``S`` tokens holds ``N = B * S`` tokens (``B`` is static, ``S`` the
+symbolic token count; ``B = 1`` for sp_lab's models). The token rows of a tensor are its leading dimensions
+up to the first one at which their product reaches ``N``: ``[N, H]`` (sp_lab's models), ``[1, S, H]``
+(torchtitan and Hugging Face models at batch 1), ``[B, S, H]`` and ``[B * S, H]`` are all ``N`` rows of
+``H``. As vLLM does with flattened tokens, SP shards those ``N`` rows, whatever the batch: collectives work on
+dim 0 of the ``[N, ...]`` view, a shard is ``[c, ...]`` with the leading dimensions kept as size 1
+(``[1, c, H]`` for a ``[B, S, H]`` value, so the op's dimension numbers and broadcasting still hold), and a
+gathered value is viewed back to ``[B, S, ...]``. Views keep each token's row (reshape preserves row-major
+order) when they change only the leading dimensions or only the rest (``[B, S, H] <-> [B * S, H]``,
+``[N, H] <-> [N, heads, d]``), so they carry the shard. Which dimension of the *model input* holds the tokens
+is ``token_dim`` (LabConfig); the pass reads ``B`` and ``S`` off the shapes.
 
 Forms (as vLLM named them), recorded per rewrite: ``first`` (the residual enters full, e.g. after the
 embedding or at a piece boundary), ``middle`` (joins the sharded residual of an earlier rewrite and is joined
@@ -111,28 +117,38 @@ class _Rewriter:
         self.joined_later: set[int] = set()
 
     # -- sizes -------------------------------------------------------------------------------------------------
-    def _token_count(self, site_input: fx.Node) -> Any:
-        """``N``: dim 0 of the first SP site's input when tokens are dim 0 of the model input; otherwise the
-        ``token_dim`` size of a graph input whose earlier dims are 1 (e.g. ``input_ids [1, N]``)."""
-        val = site_input.meta["val"]
-        if self.token_dim == 0:
-            return val.shape[0]
-        for p in self.graph.nodes:
-            pval = p.meta.get("val") if p.op == "placeholder" else None
-            if (isinstance(pval, torch.Tensor) and pval.dim() > self.token_dim
-                    and not isinstance(pval.shape[self.token_dim], int)
-                    and all(isinstance(d, int) and d == 1 for d in pval.shape[: self.token_dim])):
-                return pval.shape[self.token_dim]
-        return next((d for d in val.shape if not (isinstance(d, int) and d == 1)), val.shape[0])
+    def _token_count(self, site_input: fx.Node) -> tuple[Any, int] | None:
+        """``(N, B)``: the token rows of the first SP site's input and the static batch they hold.
 
-    def _setup_sizes(self, first_input: fx.Node) -> None:
-        self.tokens_val = self._token_count(first_input)
+        Symbolic: ``N`` is the product of the leading dimensions up to the first symbolic one (``[B, S, H]``
+        and ``[B * S, H]`` both give ``B * S``) and must be ``B * S`` for one symbol ``S`` (else None: no SP).
+        Static (Dynamo specialised one token, or a hand-traced graph): dim 0 when tokens are dim 0 of the
+        model input, otherwise the first dimension that is not 1, as one batch.
+        """
+        val = site_input.meta["val"]
+        first_symbolic = next((d for d, size in enumerate(val.shape) if not isinstance(size, int)), None)
+        if first_symbolic is None:
+            if self.token_dim == 0:
+                return val.shape[0], 1
+            return next((d for d in val.shape if not (isinstance(d, int) and d == 1)), val.shape[0]), 1
+        tokens = _numel(val.shape[: first_symbolic + 1])
+        expr = tokens.node.expr
+        if len(expr.free_symbols) != 1:
+            return None
+        batch = expr / next(iter(expr.free_symbols))
+        return (tokens, int(batch)) if batch.is_Integer and batch > 0 else None
+
+    def _setup_sizes(self, first_input: fx.Node) -> bool:
+        counted = self._token_count(first_input)
+        if counted is None:
+            return False
+        self.tokens_val, self.batch = counted
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         # Read the token count off a graph input, so the size arithmetic precedes every rewrite point and
         # adds no user to the nodes being rewritten.
         source, dim = first_input, self._tdim(first_input.meta["val"])
         for p in placeholders:
-            if isinstance(p.meta.get("val"), torch.SymInt) and same_size(p.meta["val"], self.tokens_val):
+            if isinstance(p.meta.get("val"), torch.SymInt) and self._size_kind(p.meta["val"]) is not None:
                 source, dim = p, None
                 break
             if is_tensor_node(p) and self._tdim(p.meta["val"]) is not None:
@@ -140,23 +156,51 @@ class _Rewriter:
                 break
         anchor = placeholders[-1] if source.op == "placeholder" else source
         with self.graph.inserting_before(anchor.next):
-            self.tokens = source if dim is None else self.b.size(source, dim)
+            size = source if dim is None else self.b.size(source, dim)
+            size_val = source.meta["val"] if dim is None else source.meta["val"].shape[dim]
+            if self._size_kind(size_val) == "tokens":
+                self.tokens = size
+                self.seq = self.b.sym(operator.floordiv, size, self.batch) if self.batch > 1 else size
+            else:  # the sequence length S of a [B, S, ...] tensor
+                self.seq = size
+                self.tokens = self.b.sym(operator.mul, size, self.batch) if self.batch > 1 else size
             self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
             chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
             self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
             self.pad = self.b.sym(operator.sub, self.b.sym(operator.mul, self.chunk, self.tp), self.tokens)
             self.offset = self.b.sym(operator.mul, self.chunk, self.rank)
+        return True
+
+    def _size_kind(self, size: Any) -> str | None:
+        """What a dimension's size is in token terms: all ``N`` tokens, one sequence's ``S``, or neither."""
+        if same_size(size, self.tokens_val):
+            return "tokens"
+        if self.batch > 1 and same_size(size * self.batch, self.tokens_val):
+            return "seq"
+        return None
 
     def _tdim(self, val: Any) -> int | None:
-        """The token dimension of a value: the first of size ``N``, with only size-1 dimensions before it."""
+        """The last of a value's token-row dimensions: the leading dimensions whose sizes multiply to ``N``
+        (``[N, H]``: 0; ``[1, S, H]`` and ``[B, S, H]``: 1). Each must be static or ``S`` or ``N``."""
         if not isinstance(val, torch.Tensor) or same_size(self.tokens_val, 1):
             return None
+        rows: Any = 1
         for d, size in enumerate(val.shape):
-            if same_size(size, self.tokens_val):
-                return d
-            if not (isinstance(size, int) and size == 1):
+            if not isinstance(size, int) and self._size_kind(size) is None:
                 return None
+            rows = rows * size
+            if same_size(rows, self.tokens_val):
+                return d
         return None
+
+    def _prefix(self, val: torch.Tensor, t: int) -> list[Any]:
+        """The sizes of ``val``'s token-row dimensions ``0..t`` as reshape arguments (ints or size nodes)."""
+        kinds = {"tokens": self.tokens, "seq": self.seq}
+        return [size if isinstance(size, int) else kinds[self._size_kind(size)] for size in val.shape[: t + 1]]
+
+    def _rows_only(self, val: torch.Tensor, t: int) -> bool:
+        """Whether dimension ``t`` alone holds the ``N`` rows (every earlier one is 1): no reshape needed."""
+        return all(isinstance(size, int) and size == 1 for size in val.shape[:t])
 
     def _right(self, node: fx.Node) -> int | None:
         """Where the token dimension sits counted from the right (what broadcasting aligns)."""
@@ -175,7 +219,8 @@ class _Rewriter:
         return self.b.pad_rows(node, self.pad, dim) if self.needs_pad else node
 
     def _full(self, node: fx.Node) -> fx.Node:
-        """The full value of a sharded node (one all_gather per node, inserted at first need)."""
+        """The full value of a sharded node (one all_gather per node, inserted at first need), in the node's
+        own layout (``[B, S, ...]`` again for a batched value)."""
         if node not in self.full_cache:
             shard = self.shard[node]
             t = self._tdim(node.meta["val"])
@@ -183,7 +228,7 @@ class _Rewriter:
             gathered = self.b.all_gather(flat, self.tp, self.group_name)
             full = self.b.narrow_rows(gathered, 0, self.tokens) if self.needs_pad else gathered
             if t != 0:
-                full = self.b.view(full, [1] * t + [self.tokens, *self._rest(shard, t)])
+                full = self.b.view(full, [*self._prefix(node.meta["val"], t), *self._rest(shard, t)])
             self.full_cache[node] = full
         return self.full_cache[node]
 
@@ -191,7 +236,13 @@ class _Rewriter:
         """This rank's rows of a full token-major tensor (e.g. a residual that enters a piece full)."""
         if node not in self.shard_cache:
             t = self._tdim(node.meta["val"])
-            self.shard_cache[node] = self.b.narrow_rows(self._padded(node, t), self.offset, self.chunk, t)
+            if self._rows_only(node.meta["val"], t):
+                shard = self.b.narrow_rows(self._padded(node, t), self.offset, self.chunk, t)
+            else:  # [B, S, ...]: this rank's rows of the flattened [B * S, ...] view
+                rest = self._rest(node, t)
+                flat = self._padded(self.b.view(node, [self.tokens, *rest]))
+                shard = self.b.view(self.b.narrow_rows(flat, self.offset, self.chunk), [1] * t + [self.chunk, *rest])
+            self.shard_cache[node] = shard
         return self.shard_cache[node]
 
     # -- classification ------------------------------------------------------------------------------------------
@@ -207,17 +258,30 @@ class _Rewriter:
             t_in, t_out = self._tdim(src.meta["val"]), self._tdim(out)
             return t_in is not None and same_size(
                 _numel(src.meta["val"].shape[t_in + 1:]), _numel(out.shape[t_out + 1:]))
-        right = out.dim() - self._tdim(out)
-        if any(self._right(a) != right for a in node.all_input_nodes if a in self.shard):
-            return False
+        t = self._tdim(out)
+        right = out.dim() - t
+        for a in node.all_input_nodes:
+            if a in self.shard or self._token_aligned(a, right) or not is_tensor_node(a):
+                if a in self.shard and self._right(a) != right:
+                    return False
+                continue
+            # A full operand that is not token-major must broadcast over the token rows (a weight [H], a
+            # scalar); one that varies along them otherwise ([S, H] added to [B, S, H]) needs every token.
+            val = a.meta["val"]
+            offset = out.dim() - val.dim()
+            if any(d - offset >= 0 and not (isinstance(val.shape[d - offset], int) and val.shape[d - offset] == 1)
+                   for d in range(t + 1)):
+                return False
         if torch.Tag.pointwise in target.tags or target in TOKEN_LOCAL_OTHER:
             return True
         if target in TOKEN_LOCAL_REDUCTIONS:
             dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
             source = node.args[0].meta["val"]
             token = self._tdim(source)
+            # Token-local when it reduces only dimensions after the token rows, or size-1 ones among them.
             return dims is not None and token is not None and all(
-                d % source.dim() != token for d in ([dims] if isinstance(dims, int) else dims))
+                d % source.dim() > token or (d % source.dim() < token and source.shape[d % source.dim()] == 1)
+                for d in ([dims] if isinstance(dims, int) else dims))
         return False
 
     # -- rewrites ------------------------------------------------------------------------------------------------
@@ -259,8 +323,8 @@ class _Rewriter:
 
         with self.graph.inserting_before(node), self.b.standing_for(node):
             if node.target in VIEWS:
-                shape = list(node.args[1])
-                shape[self._tdim(node.meta["val"])] = self.chunk
+                t = self._tdim(node.meta["val"])
+                shape = [1] * t + [self.chunk, *list(node.args[1])[t + 1:]]
                 src = next(a for a in node.all_input_nodes if a in self.shard)
                 self.shard[node] = self.b.call(node.target, self.shard[src], shape)
             else:
@@ -314,7 +378,8 @@ class _Rewriter:
         if self.group_name is None:
             self.group_name = sites[0].args[2]
             sites = [n for n in sites if n.args[2] == self.group_name]
-        self._setup_sizes(sites[0].args[0])
+        if not self._setup_sizes(sites[0].args[0]):
+            return self.result
         site_waits = {}
         for s in sites:
             if self._tdim(s.args[0].meta["val"]) is not None:
