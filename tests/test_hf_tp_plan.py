@@ -21,7 +21,7 @@ import torch
 
 import sp_lab
 from sp_lab.compiler.backend import BoundaryError
-from sp_lab.models.hf_attention import register_hf_attention
+from sp_lab.models import CausalLMLogits, register_hf_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,17 +36,6 @@ CASES = [
     ("sp_lab-gather", "sp_lab", "piecewise", "gather"),
     ("sp_lab-sharded", "sp_lab", "piecewise", "sharded"),
 ]
-
-
-class Logits(torch.nn.Module):
-    """``input_ids [1, T] -> logits [1, T, vocab]`` (no KV cache): the call sp_lab compiles."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
 
 
 def _tiny_llama() -> transformers.LlamaForCausalLM:
@@ -74,7 +63,7 @@ def _worker(path: str) -> dict[str, Any]:
         torch._dynamo.reset()
         config = sp_lab.LabConfig(tp_size=TP, token_dim=1, async_tp_min_tokens=8, max_num_tokens=64,
                                   compile_mode=mode, boundary=boundary)
-        compiled = sp_lab.compile(Logits(models[attn]), config)
+        compiled = sp_lab.compile(CausalLMLogits(models[attn]), config)
         with torch.no_grad():
             if boundary == "none":
                 try:
@@ -84,7 +73,7 @@ def _worker(path: str) -> dict[str, Any]:
                     results[label] = str(e)
                 continue
             results[label] = {
-                "eager": {n: Logits(models[attn])(_ids(n)) for n in COUNTS},
+                "eager": {n: CausalLMLogits(models[attn])(_ids(n)) for n in COUNTS},
                 "compiled": {n: compiled(_ids(n)) for n in COUNTS},
                 "pieces": [p.kind if p.kind != "splitting_op" else p.op for p in compiled.report.range_for(12).pieces],
                 "op_counts": compiled.report.op_counts(12),

@@ -1,4 +1,4 @@
-"""Hugging Face models split at attention: transformers' attention routed through ``sp_lab::attention``.
+"""Hugging Face transformers models under ``sp_lab.compile``: the attention they split at, and the call compiled.
 
 transformers calls attention through a registry (``transformers.AttentionInterface``, 4.51 and later), by the
 name in ``config._attn_implementation``. Its own implementations (``"sdpa"``, ``"eager"``) reach Dynamo's graph as
@@ -10,6 +10,7 @@ sp_lab's default ``splitting_ops``), so the model splits at every attention laye
 
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=sp_lab.models.register_hf_attention())
     # or, for a model already loaded (transformers 5): model.set_attn_implementation(register_hf_attention())
+    compiled = sp_lab.compile(sp_lab.models.CausalLMLogits(model), sp_lab.LabConfig(token_dim=1, ...))
 
 Scope (checked at trace time, with a message): causal self-attention over one unpadded sequence, the prefill
 shape sp_lab compiles -- batch 1, no ``attention_mask``, no KV cache (``use_cache=False``), no sliding window or
@@ -23,10 +24,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from sp_lab.models.attention import attention
 
-__all__ = ["HF_ATTENTION", "hf_attention_forward", "register_hf_attention"]
+__all__ = ["HF_ATTENTION", "CausalLMLogits", "hf_attention_forward", "register_hf_attention"]
 
 HF_ATTENTION = "sp_lab"
 """The name :func:`register_hf_attention` registers, for ``attn_implementation=``."""
@@ -41,7 +43,8 @@ def register_hf_attention() -> str:
         from transformers import AttentionInterface
     except ImportError as e:
         raise ImportError(
-            "register_hf_attention needs transformers >= 4.51 (its AttentionInterface): pip install 'sp_lab[hf]'"
+            "register_hf_attention needs transformers' AttentionInterface (documented from transformers 4.51): "
+            "pip install -U 'transformers>=4.51'"
         ) from e
     AttentionInterface.register(HF_ATTENTION, hf_attention_forward)
     try:
@@ -100,3 +103,18 @@ def hf_attention_forward(
     v = value.transpose(1, 2).reshape(tokens, kv_heads * head_dim)
     scale = scaling if scaling is not None else head_dim**-0.5
     return attention(q, k, v, heads, kv_heads, scale).view(1, tokens, heads, head_dim), None
+
+
+class CausalLMLogits(nn.Module):
+    """``input_ids [1, T] -> logits [1, T, vocab]`` of a transformers causal LM, without a KV cache.
+
+    The prefill call sp_lab compiles (``LabConfig(token_dim=1)``): a transformers model's own forward takes
+    keyword options and returns a ``ModelOutput``; this is the one tensor-in, tensor-out call of it.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
