@@ -16,20 +16,10 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import provenance
 
-from sp_lab.distributed.rehearsal import rehearse_numerics
-
-# (name, build overrides, dtype, token counts, async_tp_min_tokens, error bound). Bounds: fp32 sharding
-# reorders sums (~1e-6 seen); bf16 logits of a random 2-layer model reach |x| ~ 5, and tp 1 vs tp 2 eager
-# already differ by ~0.07 there, so the compiled path must stay within 0.25 of tp 1.
-MODELS = [
-    ("toy", {"num_kv_heads": 4}, torch.float32, [13, 40], 16, 1e-4),
-    ("llama-3-8b", {"num_layers": 2}, torch.bfloat16, [13, 96], 64, 0.25),
-]
+from sp_lab.distributed.rehearsal import CASES, rehearse_case
 
 
 def _write(out_dir: str, rows: list[dict], failures: list[str]) -> None:
@@ -51,13 +41,11 @@ def main() -> int:
     out_dir = os.environ.get("OUT", "out")
     os.makedirs(out_dir, exist_ok=True)
     rows, failures = [], []
-    for name, overrides, dtype, tokens, threshold, bound in MODELS[:1] if quick else MODELS:
+    for case in list(CASES.values())[:1] if quick else CASES.values():
+        name, bound = case.model, case.bound
         for tp in (2,) if quick else (2, 4):
             start = time.perf_counter()
-            overrides = dict(overrides)
-            layers = overrides.pop("num_layers", None)
-            got = rehearse_numerics(name, tp_size=tp, token_counts=tokens, async_tp_min_tokens=threshold,
-                                    dtype=dtype, num_layers=layers, overrides=overrides, timeout=args.case_timeout)
+            got = rehearse_case(case, tp, timeout=args.case_timeout)
             for row in got:
                 d = row.to_dict() | {"bound": bound}
                 rows.append(d)
