@@ -29,7 +29,9 @@ from torch._guards import detect_fake_mode
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
 from sp_lab.compiler.cudagraphs import CudaGraphPlan, FullCudaGraphs, StaticTokens
+from sp_lab.compiler.even_shards import EvenShards, even_shards
 from sp_lab.compiler.failures import BoundaryError
+from sp_lab.compiler.fake_inputs import TokenGuards
 from sp_lab.compiler.range_compiler import RangeCompiler
 from sp_lab.compiler.ranges import plan_ranges
 from sp_lab.compiler.report import CompileReport, DynamoGraph, RangeReport
@@ -99,6 +101,7 @@ class CompiledModel:
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
         self._full_graphs = FullCudaGraphs(self._forward)
         self._static_tokens = StaticTokens()
+        self._even_shards = EvenShards()  # what the captured graphs ask of the token count (DTensor shards)
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         dim = self.config.token_dim
@@ -110,6 +113,8 @@ class CompiledModel:
         num_tokens = tokens.shape[dim]
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
         padded = self._graphs.padded(num_tokens)
+        # Before Dynamo: a count the model cannot run at would otherwise be traced afresh, then abort in gloo.
+        self._even_shards.check(padded)
         kind = self._graphs.kind(padded)
         self.at_capture_size = kind == "piecewise"
         if kind == "piecewise":
@@ -160,27 +165,56 @@ class CompiledModel:
         graph = DynamoGraph(len(self.report.graphs), tokens if isinstance(tokens, int) else None,
                             time.perf_counter() - self._call_started)
         self.report.graphs.append(graph)
-        artifacts: dict[int, Callable] = {}
+        shards = even_shards(gm, tokens, self.effective.tp_size)
+        self._even_shards = self._even_shards.merged(shards)
+        # Per range, the artifacts compiled from this graph with what each one's trace assumed about the token
+        # count; ``served`` remembers the choice per count (checking guards costs more than a forward at 1 token).
+        artifacts: dict[int, list[tuple[TokenGuards, Callable]]] = {}
+        served: dict[int, Callable] = {}
 
         def dispatch(*args: Any) -> Any:
             num_tokens = args[token_index].shape[self.config.token_dim]
-            index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
-            if index not in artifacts:
-                artifacts[index] = RangeCompiler(
-                    config=self.config,
-                    effective=self.effective,
-                    compile_range=self.ranges[index],
-                    report=self._entry(self.ranges[index], graph),
-                    gm=gm,
-                    example_inputs=example_inputs,
-                    fake_mode=fake_mode,
-                    token_index=token_index,
-                    inspect_only=self.inspect_only,
-                    at_capture_size=lambda: self.at_capture_size,
-                ).compile()
-            return artifacts[index](*args)
+            if num_tokens not in served:
+                shards.check(num_tokens)  # this graph may have been captured at such a count
+                served[num_tokens] = self._artifact_for(num_tokens, artifacts, graph, gm, example_inputs, fake_mode,
+                                                        token_index)
+            return served[num_tokens](*args)
 
         return dispatch
+
+    def _artifact_for(
+        self, num_tokens: int, artifacts: dict[int, list[tuple[TokenGuards, Callable]]], graph: DynamoGraph,
+        gm: fx.GraphModule, example_inputs: list[Any], fake_mode: Any, token_index: int,
+    ) -> Callable:
+        """The artifact of ``num_tokens``'s range whose trace holds for it, compiled if there is none.
+
+        A range is traced once with a hint; if what that trace assumed (e.g. that tp divides N) does not hold
+        for ``num_tokens``, the count gets an artifact of its own, traced at that count -- as Dynamo recompiles
+        when its guards fail."""
+        index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
+        compiled = artifacts.setdefault(index, [])
+        for guards, fn in compiled:
+            if guards.hold(num_tokens):
+                return fn
+        if compiled:
+            log.info("sp_lab.compile: %d tokens violate %s assumed by range %s's artifact; compiling one for it",
+                     num_tokens, compiled[0][0].violated(num_tokens), self.ranges[index].label)
+        compiler = RangeCompiler(
+            config=self.config,
+            effective=self.effective,
+            compile_range=self.ranges[index],
+            report=self._entry(self.ranges[index], graph),
+            gm=gm,
+            example_inputs=example_inputs,
+            fake_mode=fake_mode,
+            token_index=token_index,
+            inspect_only=self.inspect_only,
+            at_capture_size=lambda: self.at_capture_size,
+            hint=num_tokens if compiled else None,
+        )
+        fn = compiler.compile()
+        compiled.append((compiler.token_guards, fn))
+        return fn
 
     def _entry(self, rng: CompileRange, graph: DynamoGraph) -> RangeReport:
         """The report entry of ``rng`` compiled from ``graph``: the planned one if still free, else a new one."""
