@@ -34,22 +34,22 @@ import json
 import socket
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from sp_lab.bench.timing import time_cpu, time_cuda
 from sp_lab.tuning.microbench import (
     MEASURED,
     MatmulShape,
-    cuda_graph_time_us,
     padded_tokens,
     provenance,
     symm_mem_fused_impl,
     tflops,
     tp_matmul_shapes,
-    wall_time_us,
 )
 
 # Public HF configs (meta-llama/Meta-Llama-3-70B and -8B, config.json).
@@ -65,6 +65,15 @@ TOKENS = [2**i for i in range(15)]  # 1 .. 16384
 # Tiny stand-in for --cpu-smoke: same code paths, shapes a 2-core CPU does in seconds.
 SMOKE_MODEL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
                "head_dim": 32}
+
+
+def _graph_replay_us(fn, *, calls: int, replays: int) -> float:
+    """Microseconds per call from CUDA-graph replays; a failed capture is an error of the row, never an eager
+    timing passed off as a kernel time."""
+    timing = time_cuda(fn, warmup=2, repeats=replays, calls=calls, barrier=False)
+    if timing.method != "cuda_graph":
+        raise RuntimeError(timing.note or f"timed with {timing.method}, not CUDA-graph replays")
+    return timing.median_us
 
 
 def init_one_rank_group() -> tuple[str | None, str | None]:
@@ -148,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         device, dtype = torch.device("cpu"), torch.float32
         configs, models = [("smoke", 4), ("smoke", 2)], {"smoke": SMOKE_MODEL}
         tokens = [t for t in TOKENS if t <= min(args.max_tokens, 64)]
-        timer = lambda fn: wall_time_us(fn, calls=2, replays=3)
+        timer = lambda fn: time_cpu(fn, warmup=1, repeats=3, calls=2, barrier=False).median_us
         group_name, group_error = None, "not attempted (--cpu-smoke: no CUDA)"
     else:
         if not torch.cuda.is_available():
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         device, dtype = torch.device("cuda", 0), torch.bfloat16
         configs, models = CONFIGS, MODELS
         tokens = [t for t in TOKENS if t <= args.max_tokens]
-        timer = lambda fn: cuda_graph_time_us(fn, calls=args.calls, replays=args.replays)
+        timer = partial(_graph_replay_us, calls=args.calls, replays=args.replays)
         group_name, group_error = (None, "skipped (--no-fused)") if args.no_fused else init_one_rank_group()
         torch.backends.cuda.matmul.allow_tf32 = False
 

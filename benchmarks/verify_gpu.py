@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -27,6 +26,7 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 import torch
 
 import sp_lab
+from sp_lab.bench.timing import time_cuda
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200"))
 from provenance import provenance  # benchmarks/h200/provenance.py
@@ -42,19 +42,9 @@ MODELS = [
 MODES = ("none", "piecewise", "full_and_piecewise")
 
 
-def _time_ms(fn, repeats: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+def _time_ms(fn) -> float:
+    """Median of 20 synchronised calls (CUDA events), host overhead included: what a caller waits."""
+    return time_cuda(fn, warmup=3, repeats=20, cuda_graph=False, barrier=False).median_us / 1e3
 
 
 def main() -> int:

@@ -15,21 +15,12 @@ import pytest
 import torch
 
 import sp_lab
-from sp_lab.distributed.rehearsal import BOUNDARIES, rehearse_numerics
+from sp_lab.distributed.rehearsal import BOUNDARIES, CASES, rehearse_case
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (symm_mem kernels are CUDA-only)"),
 ]
-
-# (model, overrides, dtype, token counts, async_tp_min_tokens, bound on |logits - tp 1 logits|).
-# fp32: sharding only reorders sums (~1e-6 seen). bf16: eager tp 2 vs tp 1 already differs by ~0.07 on
-# this random 2-layer model (logits up to ~5), so the compiled path must stay within 0.25.
-CASES = {
-    "toy": ("toy", {"num_kv_heads": 4}, torch.float32, [13, 40], 16, 1e-4),
-    "llama-3-8b/2L": ("llama-3-8b", {"num_layers": 2}, torch.bfloat16, [13, 96], 64, 0.25),
-}
-
 
 def _effective(cudagraphs: bool) -> dict:
     import torch.distributed as dist
@@ -87,12 +78,9 @@ def test_every_collective_works_on_gloo_with_cuda_tensors(world_size):
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_tp_model_matches_tp1_with_fused_symm_mem_ops(case, tp):
-    name, overrides, dtype, tokens, threshold, bound = CASES[case]
-    overrides = dict(overrides)
-    layers = overrides.pop("num_layers", None)
-    rows = rehearse_numerics(name, tp_size=tp, token_counts=tokens, async_tp_min_tokens=threshold, dtype=dtype,
-                             num_layers=layers, overrides=overrides, timeout=540)
-    assert {r.boundary for r in rows} == set(BOUNDARIES) and {r.num_tokens for r in rows} == set(tokens)
+    bound = CASES[case].bound
+    rows = rehearse_case(CASES[case], tp, timeout=540)
+    assert {r.boundary for r in rows} == set(BOUNDARIES) and {r.num_tokens for r in rows} == set(CASES[case].token_counts)
     for row in rows:
         where = f"{row.boundary} at {row.num_tokens} tokens"
         assert row.source == "rehearsal" and row.fused_op_impl == "symm_mem", where

@@ -375,6 +375,15 @@ def test_time_cpu_reports_median_and_deciles_of_the_timed_calls():
         time_cpu(lambda: None, repeats=0)
 
 
+def test_several_calls_per_sample_give_per_call_times():
+    calls = []
+    timing = time_cpu(lambda: (calls.append(1), time.sleep(0.002)), warmup=1, repeats=3, calls=4)
+    assert len(calls) == 1 + 3 * 4 and timing.repeats == 3
+    assert 2000 <= timing.median_us < 8000  # per call, not per sample of four (>= 8 ms)
+    with pytest.raises(ValueError, match="calls per sample must be >= 1, got 0"):
+        time_cpu(lambda: None, calls=0)
+
+
 def _rank_timing():
     # rank 1 is the straggler: the step's latency is its median, not the average
     return reduce_across_ranks(
@@ -400,6 +409,9 @@ def test_time_cuda_replays_a_graph_and_falls_back_when_capture_fails():
     assert eager.method == "cuda_events" and "capture failed" in eager.note
     torch.randn(4, device="cuda")  # the failed capture left the CUDA generator usable
     assert time_fn(lambda: a @ a, device="cuda", repeats=3).method == "cuda_graph"
+    # several calls in one graph: per-call time, about the single call's
+    per_call = time_cuda(lambda: a @ a, warmup=2, repeats=10, calls=20, barrier=False)
+    assert per_call.method == "cuda_graph" and 0.3 * graphed.median_us < per_call.median_us < 3 * graphed.median_us
 
 
 # ------------------------------------------------------------------------------------------------ interleaving

@@ -75,7 +75,7 @@ def test_measure_matmuls_with_a_stand_in_fused_op():
     assert df["m_padded"].to_list() == [4, 8, 4, 8]  # padded to a multiple of tp
     assert (df["source"] == "measured").all() and df["error"].is_null().all()
     assert (df["fused_us"] > 0).all() and (df["unfused_us"] > 0).all()
-    assert {"device", "torch", "date", "ratio", "side"} <= set(df.columns)
+    assert {"device", "torch", "date", "ratio", "side"} <= set(df.columns) and (df["timer"] == "perf_counter").all()
     bad = measure_matmuls(shapes[:1], [4], tp=2, dtype=torch.float32, fused_impl=broken, calls=1, replays=1)
     assert "kernel missing" in bad["error"][0] and bad["fused_us"][0] is None
 

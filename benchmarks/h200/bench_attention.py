@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -22,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import provenance
 
+from sp_lab.bench.timing import time_cuda
 from sp_lab.models.attention import attention_kernel
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3-8B
@@ -29,45 +29,17 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 TARGET = 1.1
 
 
-def graph_ms(fn, calls: int = 20, replays: int = 7) -> float:
-    """Median device time of one call, from replays of a CUDA graph holding ``calls`` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    return statistics.median(samples)
+def graph_ms(fn) -> float:
+    """Median device time of one call: CUDA-graph replays of 20 captured calls, median of 7."""
+    timing = time_cuda(fn, warmup=3, repeats=7, calls=20, barrier=False)
+    if timing.method != "cuda_graph":  # an eager fallback would time the host, not the kernel
+        raise RuntimeError(f"CUDA-graph capture failed: {timing.note}")
+    return timing.median_us / 1e3
 
 
-def eager_ms(fn, repeats: int = 30) -> float:
+def eager_ms(fn) -> float:
     """Median wall time of one eager call (events around it, synchronised), host overhead included."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return time_cuda(fn, warmup=3, repeats=30, cuda_graph=False, barrier=False).median_us / 1e3
 
 
 def measure(num_tokens: int) -> dict:

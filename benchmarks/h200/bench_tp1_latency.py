@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -22,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import provenance
 
 import sp_lab
+from sp_lab.bench.interleave import StopRule, interleave
 
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 SMALL, LARGE = 128, 1024
@@ -30,18 +32,13 @@ SP_LAB_MODES = {"sp_lab piecewise": "piecewise", "sp_lab full": "full", "sp_lab 
 
 
 def interleaved_ms(fns: dict, tokens: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Median ms of one synchronised call of each function, the functions taking turns call by call, so a
-    drift of clocks or temperature during the run falls on every variant alike."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(tokens)
-            end.record()
-            torch.cuda.synchronize()
-            samples[name].append(start.elapsed_time(end))
-    return {name: statistics.median(times) for name, times in samples.items()}
+    """Median ms of one synchronised call of each function, the functions taking turns call by call (the
+    order rotated every round), so a drift of clocks or temperature during the run falls on every variant
+    alike. Eager calls, not graph replays: the host overhead each variant leaves is what is compared."""
+    stop = StopRule(repeats=repeats, max_repeats=repeats, ci_width=0.0, budget_s=None, points_left=1)
+    timed = interleave({name: partial(fn, tokens) for name, fn in fns.items()}, device=tokens.device, warmup=1,
+                       cuda_graph=False, stop=stop)
+    return {name: statistics.median(t.samples_us) / 1e3 for name, t in timed.items()}
 
 
 def main() -> int:

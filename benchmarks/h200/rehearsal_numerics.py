@@ -1,33 +1,25 @@
 """Numerics of the multi-rank GPU path rehearsed on one GPU: tp 2 and 4 ranks sharing it, every boundary.
 
-``python benchmarks/h200/rehearsal_numerics.py [--quick]`` on a CUDA machine writes
+``python benchmarks/h200/rehearsal_numerics.py [--quick] [--case-timeout S]`` on a CUDA machine writes
 ``$OUT/rehearsal_numerics.json``: rows ``model, tp, boundary, num_tokens, max_abs_err,
 fused_all_gather_matmul, fused_matmul_reduce_scatter`` (and the eager tp-way error, for scale), all
 ``source="rehearsal"``. Models: the toy (fp32; 4 KV heads so that tp 4 divides them) and a 2-layer
-Llama-3-8B shape (bf16). Exits 1 if an error is beyond its bound or an SP row has no fused symm_mem op.
+Llama-3-8B shape (bf16). ``--case-timeout`` bounds each (model, tp) launch (default 600 s): a stuck case
+then ends with the launcher's ``LaunchTimeout``, which names the stuck ranks with their Python stacks. Exits 1 if an error is beyond its bound or an SP row has no fused symm_mem op.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import provenance
 
-from sp_lab.distributed.rehearsal import rehearse_numerics
-
-# (name, build overrides, dtype, token counts, async_tp_min_tokens, error bound). Bounds: fp32 sharding
-# reorders sums (~1e-6 seen); bf16 logits of a random 2-layer model reach |x| ~ 5, and tp 1 vs tp 2 eager
-# already differ by ~0.07 there, so the compiled path must stay within 0.25 of tp 1.
-MODELS = [
-    ("toy", {"num_kv_heads": 4}, torch.float32, [13, 40], 16, 1e-4),
-    ("llama-3-8b", {"num_layers": 2}, torch.bfloat16, [13, 96], 64, 0.25),
-]
+from sp_lab.distributed.rehearsal import CASES, rehearse_case
 
 
 def _write(out_dir: str, rows: list[dict], failures: list[str]) -> None:
@@ -41,17 +33,19 @@ def _write(out_dir: str, rows: list[dict], failures: list[str]) -> None:
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the toy at tp 2 only")
+    parser.add_argument("--case-timeout", type=float, default=600.0, help="seconds per (model, tp) launch")
+    args = parser.parse_args()
+    quick = args.quick
     out_dir = os.environ.get("OUT", "out")
     os.makedirs(out_dir, exist_ok=True)
     rows, failures = [], []
-    for name, overrides, dtype, tokens, threshold, bound in MODELS[:1] if quick else MODELS:
+    for case in list(CASES.values())[:1] if quick else CASES.values():
+        name, bound = case.model, case.bound
         for tp in (2,) if quick else (2, 4):
             start = time.perf_counter()
-            overrides = dict(overrides)
-            layers = overrides.pop("num_layers", None)
-            got = rehearse_numerics(name, tp_size=tp, token_counts=tokens, async_tp_min_tokens=threshold,
-                                    dtype=dtype, num_layers=layers, overrides=overrides)
+            got = rehearse_case(case, tp, timeout=args.case_timeout)
             for row in got:
                 d = row.to_dict() | {"bound": bound}
                 rows.append(d)

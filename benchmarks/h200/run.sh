@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/h200/run.sh        # on the device machine (the device tool sets OUT); carry .whl (polars)
 #   ONLY="verify_gpu rehearsal" bash benchmarks/h200/run.sh   # some steps only
+#   ONLY=rehearsal REHEARSAL_LIMIT=560 REHEARSAL_CASE_TIMEOUT=400 bash benchmarks/h200/run.sh
 #
 # Writes to $OUT (the device tool returns at most 8 files): attention.json, tp1_latency.json,
 # verify_gpu.json (commit as verify_gpu_h200.json), rehearsal_numerics.json, and logs/ (run.log with
@@ -47,7 +48,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record th
 step attention_timed 90 python3 benchmarks/h200/bench_attention.py
 step tp1_latency_timed 200 python3 benchmarks/h200/bench_tp1_latency.py
 step verify_gpu_timed 120 python3 benchmarks/verify_gpu.py
-step rehearsal 330 python3 benchmarks/h200/rehearsal_numerics.py &
+step rehearsal "${REHEARSAL_LIMIT:-330}" python3 benchmarks/h200/rehearsal_numerics.py --case-timeout "${REHEARSAL_CASE_TIMEOUT:-300}" &
 step pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider -k "not compiled_tp_model" tests &
 wait
 # The device tool returns at most 8 files: the timed steps' logs travel as one.

@@ -103,8 +103,10 @@ class CallSampler:
 
     Construction warms ``fn`` up (``warmup`` untimed calls; on CUDA on a side stream, then captures it
     into a CUDA graph when ``cuda_graph``, falling back to eager calls with the reason in ``note``).
-    :meth:`sample` then times one call (one graph replay on CUDA), after a barrier so that the ranks'
-    timed regions line up. A sweep interleaves the samplers of its variants (each variant in turn, the
+    :meth:`sample` then times ``calls`` back-to-back calls (one graph replay holding them all on CUDA) and
+    returns the time per call, after a barrier so that the ranks' timed regions line up. Several calls per
+    sample amortise what one sample costs by itself (a graph launch is a few microseconds, which a
+    decode-sized matmul or attention kernel would otherwise carry in full). A sweep interleaves the samplers of its variants (each variant in turn, the
     order rotated every round) so that slow drifts of the machine hit every variant alike.
     """
 
@@ -117,12 +119,15 @@ class CallSampler:
         cuda_graph: bool = True,
         barrier: bool = True,
         group: dist.ProcessGroup | None = None,
+        calls: int = 1,
     ) -> None:
         _check_counts(warmup, 1)
-        self._barrier, self._group = barrier, group
+        if calls < 1:
+            raise ValueError(f"calls per sample must be >= 1, got {calls}")
+        self._barrier, self._group, self.calls = barrier, group, calls
         self.cuda = torch.device(device).type == "cuda"
         self.method, self.note = ("cuda_events" if self.cuda else "perf_counter"), ""
-        self._run = fn
+        self._run = _repeated(fn, calls)
         if not self.cuda:
             for _ in range(warmup):
                 fn()
@@ -137,7 +142,7 @@ class CallSampler:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         if cuda_graph:
-            self._capture(fn)
+            self._capture(self._run)
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
@@ -168,18 +173,29 @@ class CallSampler:
             _maybe_barrier(self._barrier, self._group)
             t0 = time.perf_counter()
             self._run()
-            return (time.perf_counter() - t0) * 1e6
+            return (time.perf_counter() - t0) * 1e6 / self.calls
         torch.cuda.synchronize()
         _maybe_barrier(self._barrier, self._group)
         self._start.record()
         self._run()
         self._end.record()
         self._end.synchronize()
-        return self._start.elapsed_time(self._end) * 1e3  # ms -> us
+        return self._start.elapsed_time(self._end) * 1e3 / self.calls  # ms -> us
 
     def finish(self) -> None:
         """The closing barrier, so that no rank leaves the timed region while another is in it."""
         _maybe_barrier(self._barrier, self._group)
+
+
+def _repeated(fn: Callable[[], object], calls: int) -> Callable[[], object]:
+    if calls == 1:
+        return fn
+
+    def run() -> None:
+        for _ in range(calls):
+            fn()
+
+    return run
 
 
 def _time_with(sampler: CallSampler, repeats: int) -> Timing:
@@ -195,15 +211,18 @@ def time_cpu(
     repeats: int = 10,
     barrier: bool = True,
     group: dist.ProcessGroup | None = None,
+    calls: int = 1,
 ) -> Timing:
-    """Time ``fn()`` on this rank with ``perf_counter``: ``warmup`` untimed calls, then ``repeats`` timed.
+    """Time ``fn()`` on this rank with ``perf_counter``: ``warmup`` untimed calls, then ``repeats`` timed
+    samples of ``calls`` calls each (per-call times).
 
-    With ``barrier`` (and an initialized process group) every call starts after a barrier, so the
+    With ``barrier`` (and an initialized process group) every sample starts after a barrier, so the
     ranks' timed regions line up. Returns this rank's :class:`Timing`; combine ranks with
     :func:`reduce_across_ranks`.
     """
     _check_counts(warmup, repeats)
-    return _time_with(CallSampler(fn, device="cpu", warmup=warmup, barrier=barrier, group=group), repeats)
+    sampler = CallSampler(fn, device="cpu", warmup=warmup, barrier=barrier, group=group, calls=calls)
+    return _time_with(sampler, repeats)
 
 
 def time_cuda(
@@ -214,19 +233,21 @@ def time_cuda(
     cuda_graph: bool = True,
     barrier: bool = True,
     group: dist.ProcessGroup | None = None,
+    calls: int = 1,
 ) -> Timing:
     """Time ``fn()`` on the current CUDA device with CUDA events, replaying a CUDA graph of it if possible.
 
     Warm-up runs eagerly on a side stream (as graph capture requires: it also lets lazy
     initialisation and autotuning happen outside the capture). If ``cuda_graph`` and capture
-    succeeds, each timed repeat is one ``graph.replay()``; otherwise each is an eager call and
-    ``method`` is ``"cuda_events"`` with the capture error in ``note``.
+    succeeds, each timed repeat is one ``graph.replay()`` of ``calls`` captured calls; otherwise each
+    is ``calls`` back-to-back eager calls, and ``method`` is ``"cuda_events"`` (with the capture
+    error in ``note`` when capture failed). Times are per call.
     """
     _check_counts(warmup, repeats)
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device; use time_cpu on CPU (or time_fn to pick)")
     sampler = CallSampler(fn, device=torch.device("cuda", torch.cuda.current_device()), warmup=warmup,
-                          cuda_graph=cuda_graph, barrier=barrier, group=group)
+                          cuda_graph=cuda_graph, barrier=barrier, group=group, calls=calls)
     return _time_with(sampler, repeats)
 
 
@@ -239,13 +260,13 @@ def time_fn(
     cuda_graph: bool = True,
     barrier: bool = True,
     group: dist.ProcessGroup | None = None,
+    calls: int = 1,
 ) -> Timing:
     """Pick :func:`time_cuda` for a CUDA ``device`` and :func:`time_cpu` otherwise."""
     if torch.device(device).type == "cuda":
-        return time_cuda(
-            fn, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph, barrier=barrier, group=group
-        )
-    return time_cpu(fn, warmup=warmup, repeats=repeats, barrier=barrier, group=group)
+        return time_cuda(fn, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph, barrier=barrier, group=group,
+                         calls=calls)
+    return time_cpu(fn, warmup=warmup, repeats=repeats, barrier=barrier, group=group, calls=calls)
 
 
 def reduce_across_ranks(timing: Timing, group: dist.ProcessGroup | None = None) -> Timing:

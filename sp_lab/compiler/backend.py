@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -24,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import fx
-from torch._dynamo.source import LocalSource
 from torch._guards import detect_fake_mode
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
 from sp_lab.compiler.cudagraphs import CudaGraphPlan, FullCudaGraphs, StaticTokens
+from sp_lab.compiler.even_shards import EvenShards, even_shards
 from sp_lab.compiler.failures import BoundaryError
+from sp_lab.compiler.fake_inputs import TokenGuards
 from sp_lab.compiler.range_compiler import RangeCompiler
 from sp_lab.compiler.ranges import plan_ranges
 from sp_lab.compiler.report import CompileReport, DynamoGraph, RangeReport
@@ -94,11 +94,12 @@ class CompiledModel:
             model=model.spec.to_dict() if hasattr(model, "spec") else {"name": type(model).__name__},
             ranges=[_planned(r, config) for r in self.ranges],
         )
-        self._token_arg = next(iter(inspect.signature(model.forward).parameters))
+        self._tokens_in_flight: torch.Tensor | None = None  # the first argument of the call Dynamo is tracing
         self._call_started = 0.0
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
         self._full_graphs = FullCudaGraphs(self._forward)
         self._static_tokens = StaticTokens()
+        self._even_shards = EvenShards()  # what the captured graphs ask of the token count (DTensor shards)
 
     def __call__(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         dim = self.config.token_dim
@@ -106,12 +107,16 @@ class CompiledModel:
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
         padded = self._graphs.padded(num_tokens)
         kind = self._graphs.kind(padded)
-        if kind != "none" and num_tokens != tokens.shape[dim]:
+        batch = num_tokens // tokens.shape[dim]
+        if kind != "none" and batch != 1:
             raise NotImplementedError(
                 f"CUDA graphs are captured per token count of a batch-1 input; this call has shape "
-                f"{tuple(tokens.shape)} (batch {num_tokens // tokens.shape[dim]}, token_dim={dim}): flatten the "
-                "batch into the token dimension, or set cudagraph_mode='none'"
+                f"{tuple(tokens.shape)} (batch {batch}, token_dim={dim}): flatten the batch into the token "
+                "dimension, or set cudagraph_mode='none'"
             )
+        # Before Dynamo: a count the model cannot run at would otherwise be traced afresh, then abort in gloo.
+        # DTensor shards each sequence of a batch: the requirement is on the sequence length.
+        self._even_shards.check(padded // batch)
         self.at_capture_size = kind == "piecewise"
         if kind == "piecewise":
             # The first piece's graph keeps the tensor it was captured with as its input and copies later
@@ -139,8 +144,12 @@ class CompiledModel:
             torch._dynamo.maybe_mark_dynamic(tokens, dim)
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
         self._call_started = time.perf_counter()
-        with _recompile_limit(_RECOMPILE_LIMIT):
-            out = self._dynamo(tokens, *args, **kwargs)
+        self._tokens_in_flight = tokens
+        try:
+            with _recompile_limit(_RECOMPILE_LIMIT):
+                out = self._dynamo(tokens, *args, **kwargs)
+        finally:
+            self._tokens_in_flight = None
         if len(self.report.graphs) > graphs:
             # Dynamo's share of this call: everything but the range compiles it triggered.
             spent = time.perf_counter() - self._call_started - (_range_compile_s(self.report) - compile_s)
@@ -150,7 +159,7 @@ class CompiledModel:
 
     # -- Dynamo backend -------------------------------------------------------------------------------------------
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        token_index = _token_input_index(gm, self._token_arg)
+        token_index = _token_input_index(gm, example_inputs, self._tokens_in_flight)
         fake_mode = detect_fake_mode(example_inputs)
         # Dynamo hands over real tensors; the symbolic shapes live in the placeholders' fake values.
         example_inputs = [
@@ -161,27 +170,57 @@ class CompiledModel:
         graph = DynamoGraph(len(self.report.graphs), tokens if isinstance(tokens, int) else None,
                             time.perf_counter() - self._call_started)
         self.report.graphs.append(graph)
-        artifacts: dict[int, Callable] = {}
+        shards = even_shards(gm, example_inputs[token_index].shape[self.config.token_dim], self.effective.tp_size)
+        self._even_shards = self._even_shards.merged(shards)
+        # Per range, the artifacts compiled from this graph with what each one's trace assumed about the token
+        # count; ``served`` remembers the choice per count (checking guards costs more than a forward at 1 token).
+        artifacts: dict[int, list[tuple[TokenGuards, Callable]]] = {}
+        served: dict[int, Callable] = {}
 
         def dispatch(*args: Any) -> Any:
-            num_tokens = self.config.num_tokens(args[token_index].shape)
-            index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
-            if index not in artifacts:
-                artifacts[index] = RangeCompiler(
-                    config=self.config,
-                    effective=self.effective,
-                    compile_range=self.ranges[index],
-                    report=self._entry(self.ranges[index], graph),
-                    gm=gm,
-                    example_inputs=example_inputs,
-                    fake_mode=fake_mode,
-                    token_index=token_index,
-                    inspect_only=self.inspect_only,
-                    at_capture_size=lambda: self.at_capture_size,
-                ).compile()
-            return artifacts[index](*args)
+            seq = args[token_index].shape[self.config.token_dim]  # B is static in this graph: seq <-> count
+            if seq not in served:
+                shards.check(seq)  # this graph may have been captured at such a count
+                served[seq] = self._artifact_for(self.config.num_tokens(args[token_index].shape), seq, artifacts,
+                                                 graph, gm, example_inputs, fake_mode, token_index)
+            return served[seq](*args)
 
         return dispatch
+
+    def _artifact_for(
+        self, num_tokens: int, seq: int, artifacts: dict[int, list[tuple[TokenGuards, Callable]]],
+        graph: DynamoGraph, gm: fx.GraphModule, example_inputs: list[Any], fake_mode: Any, token_index: int,
+    ) -> Callable:
+        """The artifact of ``num_tokens``'s range whose trace holds for it, compiled if there is none.
+
+        A range is traced once with a hint; if what that trace assumed (e.g. that tp divides N) does not hold
+        for the call, the count gets an artifact of its own, traced at that count -- as Dynamo recompiles
+        when its guards fail. ``num_tokens`` (``batch * seq``) picks the range; the trace's symbol and guards
+        are the sequence length ``seq`` (the batch is static in the graph)."""
+        index = next(i for i, r in enumerate(self.ranges) if num_tokens in r)
+        compiled = artifacts.setdefault(index, [])
+        for guards, fn in compiled:
+            if guards.hold(seq):
+                return fn
+        if compiled:
+            log.info("sp_lab.compile: %d tokens violate %s assumed by range %s's artifact; compiling one for it",
+                     num_tokens, compiled[0][0].violated(seq), self.ranges[index].label)
+        compiler = RangeCompiler(
+            config=self.config,
+            effective=self.effective,
+            compile_range=self.ranges[index],
+            report=self._entry(self.ranges[index], graph),
+            gm=gm,
+            example_inputs=example_inputs,
+            fake_mode=fake_mode,
+            token_index=token_index,
+            inspect_only=self.inspect_only,
+            at_capture_size=lambda: self.at_capture_size,
+            hint=seq if compiled else None,
+        )
+        fn = compiler.compile()
+        compiled.append((compiler.token_guards, fn))
+        return fn
 
     def _entry(self, rng: CompileRange, graph: DynamoGraph) -> RangeReport:
         """The report entry of ``rng`` compiled from ``graph``: the planned one if still free, else a new one."""
@@ -220,13 +259,22 @@ def _recompile_limit(limit: int) -> Iterator[None]:
         dynamo_config.recompile_limit = previous
 
 
-def _token_input_index(gm: fx.GraphModule, arg_name: str) -> int:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        if isinstance(source, LocalSource) and source.local_name == arg_name:
+def _token_input_index(gm: fx.GraphModule, example_inputs: list[Any], tokens: torch.Tensor | None) -> int:
+    """Which input of Dynamo's graph is the token tensor the caller passed first.
+
+    Found by identity (Dynamo hands the backend the caller's own tensors), not by the forward argument's name:
+    the name Dynamo records depends on how it entered the module. ``forward(self, x)`` gives a local ``x``, but a
+    ``forward(*args)``, and every ``torch.nn`` container such as ``nn.Sequential`` (whose ``forward(input)``
+    Dynamo enters through a ``*args`` wrapper), give ``args[0]``.
+    """
+    for i, x in enumerate(example_inputs):
+        if x is tokens:
             return i
-    raise RuntimeError(f"could not find the forward argument {arg_name!r} among the captured graph's inputs")
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    raise RuntimeError(
+        f"sp_lab.compile: the token tensor passed first is not among the captured graph's inputs {placeholders}; "
+        "the forward must use its first argument (the tokens) as a tensor"
+    )
 
 
 def _provenance(effective: EffectiveConfig) -> dict[str, Any]:

@@ -25,11 +25,12 @@ from torch import fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.fx_passes.post_grad import remove_noop_ops
 
 from sp_lab.compiler.crossings import record_boundaries
 from sp_lab.compiler.cudagraphs import CudaGraphPiece
 from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs, with_range
-from sp_lab.compiler.fake_inputs import meta_devices_to_cpu, range_inputs
+from sp_lab.compiler.fake_inputs import TokenGuards, meta_devices_to_cpu, range_inputs
 from sp_lab.compiler.inspection import structural_fingerprint, tensor_spec
 from sp_lab.compiler.passes.boundary import policy_for
 from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
@@ -66,6 +67,7 @@ class RangeCompiler:
         token_index: int,
         inspect_only: bool,
         at_capture_size: Callable[[], bool],
+        hint: int | None = None,
     ):
         self.config, self.effective, self.range, self.report = config, effective, compile_range, report
         self.gm_to_run = gm
@@ -73,8 +75,9 @@ class RangeCompiler:
         self.token_index, self.inspect_only, self.at_capture_size = token_index, inspect_only, at_capture_size
         self.example_inputs, self.fake_mode = range_inputs(
             example_inputs, token_index, compile_range, fake_mode, inspect_only=inspect_only,
-            token_dim=config.token_dim,
+            token_dim=config.token_dim, hint=hint,
         )
+        self.token_guards = TokenGuards()  # what the trace assumed about N: known once compile() has run
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group_name = dist.group.WORLD.group_name if dist.is_initialized() else None
         self.splitting_ops = frozenset(config.splitting_ops)
@@ -92,6 +95,9 @@ class RangeCompiler:
             fn = self._compile_split(self.gm, self.example_inputs, pieces, in_piece_sp=self.range.enable_sp)
         self.report.compile_time_s = time.perf_counter() - start
         self.report.compiled = True
+        token_size = self.example_inputs[self.token_index].shape[self.config.token_dim]
+        self.token_guards = TokenGuards.of(getattr(self.fake_mode, "shape_env", None), token_size)
+        self.report.token_guards = self.token_guards.describe()
         if self.effective.fused_op_impl == "symm_mem" and not self.inspect_only:
             self._reserve_symm_mem_workspace()
         if self.inspect_only:
@@ -151,6 +157,10 @@ class RangeCompiler:
         whole_graph_sp: list[SPResult] = []
 
         def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
+            # An in-place collective on a local tensor (transformers' tp_plan: ``dist.all_reduce(out)``) leaves
+            # ``copy(out, reduced)`` after functionalisation; Inductor drops such copies per piece, too late: SP would
+            # read it as a consumer needing every token, gather there and leave the matmul unfused.
+            remove_noop_ops(aten_gm.graph)
             whole_graph_sp.append(apply_sequence_parallel(
                 aten_gm.graph, tp_size=self.effective.tp_size, rank=self.rank, group_name=self.group_name,
                 policy=policy_for("whole_graph"), token_dim=self.config.token_dim,

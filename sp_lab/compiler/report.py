@@ -274,6 +274,7 @@ class RangeReport:
     failures: list[BoundaryFailure] = field(default_factory=list)
     dynamo_graph: int | None = None  # index into CompileReport.graphs; None: not compiled yet
     static_tokens: int | None = None  # copied from that graph: the one token count this artifact serves
+    token_guards: list[str] = field(default_factory=list)  # what its trace assumed about the token count N
 
     def serves(self, num_tokens: int) -> bool:
         return self.lo <= num_tokens <= self.hi and self.static_tokens in (None, num_tokens)

@@ -21,10 +21,40 @@ import torch
 
 from sp_lab.vocabulary import REHEARSAL
 
-__all__ = ["BOUNDARIES", "RehearsalRow", "rehearse_numerics"]
+__all__ = ["BOUNDARIES", "CASES", "RehearsalCase", "RehearsalRow", "rehearse_case", "rehearse_numerics"]
 
 BOUNDARIES = ("none", "gather_erase", "gather", "sharded")
 """Every boundary strategy ``LabConfig.boundary`` accepts, in the order a rehearsal compiles them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RehearsalCase:
+    """One model a rehearsal checks, with the token counts, the SP threshold and the error it must stay within."""
+
+    model: str
+    """Zoo model name."""
+    num_layers: int | None
+    """Layers to build (None: the model's own count)."""
+    overrides: Mapping[str, Any]
+    """Other ``sp_lab.models.build`` overrides."""
+    dtype: torch.dtype
+    """Parameter dtype."""
+    token_counts: tuple[int, ...]
+    """One count below ``async_tp_min_tokens`` (no SP) and one above."""
+    async_tp_min_tokens: int
+    """Where SP + AsyncTP start."""
+    bound: float
+    """Largest |logits - tp 1 logits| accepted, for the compiled and the eager tp-way model alike."""
+
+
+# Bounds: in fp32 sharding only reorders sums (~1e-6 seen). In bf16 the logits of a random 2-layer model reach
+# |x| ~ 5 and eager tp 2 already differs from tp 1 by ~0.07 there, so the compiled path must stay within 0.25.
+CASES = {
+    # 4 KV heads so that tp 4 divides them
+    "toy": RehearsalCase("toy", None, {"num_kv_heads": 4}, torch.float32, (13, 40), 16, 1e-4),
+    "llama-3-8b/2L": RehearsalCase("llama-3-8b", 2, {}, torch.bfloat16, (13, 96), 64, 0.25),
+}
+"""The models a GPU rehearsal checks (the GPU tests and ``benchmarks/h200/rehearsal_numerics.py`` alike)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +142,13 @@ def rehearse_numerics(
         world_size=tp_size, backend="gloo", timeout=timeout,
     )
     return results[0]
+
+
+def rehearse_case(case: RehearsalCase, tp_size: int, *, timeout: float = 600.0) -> list[RehearsalRow]:
+    """:func:`rehearse_numerics` for one of :data:`CASES` at ``tp_size`` ranks."""
+    return rehearse_numerics(case.model, tp_size=tp_size, token_counts=case.token_counts,
+                             async_tp_min_tokens=case.async_tp_min_tokens, dtype=case.dtype,
+                             num_layers=case.num_layers, overrides=case.overrides, timeout=timeout)
 
 
 def _rank(model_name: str, reference: dict[str, dict[int, torch.Tensor]], build_args: dict, boundaries: list[str],

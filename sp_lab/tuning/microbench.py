@@ -18,7 +18,7 @@ and produces an ``[M/tp, N]`` shard. Both kernels split the M rows into ``tp`` c
 
 Timing follows docs/measured-h200.md: called eagerly, a symmetric-memory fused op costs 0.2-0.33 ms of
 host time, which swamps the kernel at decode sizes, so CUDA timings replay a CUDA graph of several
-calls and take the median per-call time. This module imports only torch at the top so that
+calls and take the median per-call time (``sp_lab.bench.timing``). This module imports only torch at the top so that
 ``benchmarks/bench_matmul_h200.py`` runs on machines without polars; DataFrames are built lazily.
 """
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import statistics
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -35,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sp_lab.bench.timing import TIMING_METHODS, time_fn
 from sp_lab.resources import load_preset
 from sp_lab.vocabulary import MEASURED
 
@@ -136,56 +135,6 @@ def padded_tokens(m: int, tp: int) -> int:
     return -(-m // tp) * tp
 
 
-# --------------------------------------------------------------------------------------------- timers
-
-
-def cuda_graph_time_us(fn: Callable[[], Any], *, calls: int = 10, replays: int = 5, warmup: int = 2) -> float:
-    """Median per-call time of ``fn`` in microseconds, from CUDA-graph replays.
-
-    ``fn`` is run eagerly ``warmup`` times (this also lets lazily allocated workspaces, such as the
-    symmetric-memory buffer of the fused ops, exist before capture), then ``calls`` invocations are
-    captured into one graph; each of ``replays`` replays is timed with CUDA events and divided by
-    ``calls``. Capturing several calls amortises the replay launch itself (~a few us).
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()  # first replay pays one-off costs (instantiation, cold caches)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(samples)
-
-
-def wall_time_us(fn: Callable[[], Any], *, calls: int = 3, replays: int = 5, warmup: int = 1) -> float:
-    """Median per-call wall time of ``fn`` in microseconds (CPU timer; synchronises CUDA if used)."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(replays):
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if sync:
-            sync()
-        samples.append((time.perf_counter() - t0) * 1e6 / calls)
-    return statistics.median(samples)
-
-
 # ----------------------------------------------------------------------------------- fused / unfused
 
 #: ``fused(a, b, shape) -> out``: ``a`` is what the fused op receives: the ``[M/tp, K]`` shard on the
@@ -280,7 +229,8 @@ def measure_matmuls(
         shapes: per-rank shapes (``tp_matmul_shapes``).
         token_counts: total tokens M per step; each is padded up to a multiple of ``tp``.
         tp: tensor-parallel size of the shapes (and of ``group`` when one is given).
-        device: ``"cuda"`` times CUDA-graph replays; anything else times wall clock.
+        device: ``"cuda"`` times CUDA-graph replays; anything else times wall clock. The ``timer`` column
+            says which (``sp_lab.bench.timing.TIMING_METHODS``; ``cuda_events`` where a capture failed).
         fused_impl: ``fused(a, b, shape)`` (see :data:`FusedMatmul`); default: the symm_mem ops on
             CUDA, ``sp_lab.compiler.fused_ops`` elsewhere. Tests pass a stand-in.
         unfused_impl: same signature; default: collective + ``mm`` on ``group`` (plain ``mm`` without one).
@@ -297,7 +247,6 @@ def measure_matmuls(
     fused_impl = fused_impl or _default_fused_impl(device, group_name, tp)
     unfused_impl = unfused_impl or _unfused_impl(group, tp)
     on_cuda = device.type == "cuda"
-    timer_name = "cuda_graph" if on_cuda else "wall"
     prov = provenance(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
@@ -310,21 +259,25 @@ def measure_matmuls(
             a_fused = a_full[: m_pad // tp] if shape.side == "ag" else a_full
             a_unfused = a_fused
             n_calls = calls or (10 if on_cuda else max(1, min(5, int(2e8 // max(1, m_pad * shape.k * shape.n)))))
-            timer = cuda_graph_time_us if on_cuda else wall_time_us
             row: dict[str, Any] = {"m": m, "m_padded": m_pad, "n": shape.n, "k": shape.k, "tp": tp,
                                    "name": shape.name, "side": shape.side, "unfused_us": None,
-                                   "fused_us": None, "error": None}
+                                   "fused_us": None, "error": None, "timer": None}
             try:
-                row["unfused_us"] = timer(partial(unfused_impl, a_unfused, b, shape), calls=n_calls, replays=replays)
-                row["fused_us"] = timer(partial(fused_impl, a_fused, b, shape), calls=n_calls, replays=replays)
+                unfused, fused = (
+                    time_fn(partial(impl, a, b, shape), device=device, warmup=2, repeats=replays, calls=n_calls,
+                            barrier=False)
+                    for impl, a in ((unfused_impl, a_unfused), (fused_impl, a_fused)))
+                row["unfused_us"], row["fused_us"] = unfused.median_us, fused.median_us
+                # the weaker method of the two: an eager fallback carries host overhead into the ratio
+                row["timer"] = min(unfused.method, fused.method, key=TIMING_METHODS.index)
             except Exception as exc:  # noqa: BLE001  (one failing shape must not lose the others)
                 row["error"] = f"{type(exc).__name__}: {exc}"[:500]
             rows.append(row)
-    df = pl.DataFrame(rows, schema_overrides={"unfused_us": pl.Float64, "fused_us": pl.Float64, "error": pl.Utf8})
+    df = pl.DataFrame(rows, schema_overrides={"unfused_us": pl.Float64, "fused_us": pl.Float64, "error": pl.Utf8,
+                                              "timer": pl.Utf8})
     return df.with_columns(
         ratio=pl.col("fused_us") / pl.col("unfused_us"),
         dtype=pl.lit(str(dtype).removeprefix("torch.")),
-        timer=pl.lit(timer_name),
         source=pl.lit(MEASURED),
         **{k: pl.lit(v) for k, v in prov.items()},
     )
