@@ -39,8 +39,10 @@ def group():
         yield pg
 
 
-def capture(fn: Callable, transform: Callable[[fx.Graph], Any], *args: torch.Tensor) -> dict[str, Any]:
-    """Run ``transform`` on the aten graph of ``fn(*args)`` (dim 0 of ``args[0]`` symbolic) and call it once.
+def capture(fn: Callable, transform: Callable[[fx.Graph], Any], *args: torch.Tensor,
+            dynamic: tuple[tuple[int, int], ...] = ((0, 0),)) -> dict[str, Any]:
+    """Run ``transform`` on the aten graph of ``fn(*args)`` and call it once. ``dynamic``: the (argument,
+    dimension) pairs marked symbolic (the tokens: dim 0 of ``args[0]``).
 
     Returns {"before", "after": op counts, "result": what ``transform`` returned, "out": the output}.
     The transform runs inside AOT's forward compiler, i.e. in Dynamo's fake mode with the token symbol
@@ -60,7 +62,8 @@ def capture(fn: Callable, transform: Callable[[fx.Graph], Any], *args: torch.Ten
                                      decompositions=select_decomp_table())
 
     torch._dynamo.reset()
-    torch._dynamo.mark_dynamic(args[0], 0)
+    for index, dim in dynamic:
+        torch._dynamo.mark_dynamic(args[index], dim)
     with torch.no_grad():
         seen["out"] = torch.compile(fn, backend=backend, fullgraph=True)(*args)
     return seen
@@ -147,6 +150,29 @@ def test_sequence_parallel_with_residual_add_keeps_the_residual_sharded(group):
     # One all_gather feeds the second matmul, one gathers the graph output; the residual itself never is.
     assert (seen["after"]["all_reduce"], seen["after"]["reduce_scatter"], seen["after"]["all_gather"]) == (0, 2, 2)
     assert seen["out"].shape == (7, HIDDEN)  # 7 tokens: padded to 8 for the scatter and sliced back
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_sequence_parallel_shards_the_token_rows_of_a_batch(group, batch):
+    # [B, S, H] (token_dim=1): the B * S rows are sharded; B = 3, S = 7 pads 21 rows to 22 for the scatter.
+    args = [torch.randn(batch, 7, HIDDEN)] + [torch.randn(HIDDEN, HIDDEN) for _ in range(2)] + [torch.randn(HIDDEN)] * 2
+    seen = capture(residual_blocks, sequence_parallel, *args, dynamic=((0, 1),))
+    assert [r.form for r in seen["result"].rewrites] == ["first", "last"]
+    assert (seen["after"]["all_reduce"], seen["after"]["reduce_scatter"], seen["after"]["all_gather"]) == (0, 2, 2)
+    assert seen["out"].shape == (batch, 7, HIDDEN)
+
+
+def test_sequence_parallel_gathers_before_an_operand_that_varies_along_seq_only(group):
+    # pos [S, H] broadcasts over the batch of y [B, S, H]: it is not token-major in B * S rows, so the add needs
+    # every token (a shard of y's rows does not line up with any rows of pos).
+    def add_positions(x, w, pos):
+        return funcol.all_reduce(x @ w, "sum", dist.group.WORLD) + pos
+
+    # B = 3: a shard of ceil(3 * S / 2) rows (at B = tp = 2 it would be S rows and broadcast against pos silently).
+    seen = capture(add_positions, sequence_parallel, torch.randn(3, 6, HIDDEN), torch.randn(HIDDEN, HIDDEN),
+                   torch.randn(6, HIDDEN), dynamic=((0, 1), (2, 0)))
+    assert (seen["after"]["all_reduce"], seen["after"]["reduce_scatter"], seen["after"]["all_gather"]) == (0, 1, 1)
+    assert seen["out"].shape == (3, 6, HIDDEN)
 
 
 def test_sequence_parallel_ignores_a_graph_without_all_reduce(group):

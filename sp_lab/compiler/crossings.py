@@ -12,6 +12,7 @@ from torch import fx
 
 from sp_lab.compiler.inspection import shape_json
 from sp_lab.compiler.passes.graph_builder import same_size
+from sp_lab.compiler.passes.sequence_parallel import TOKEN_SHARD
 from sp_lab.compiler.report import Boundary, BoundaryCrossing, PieceRecord, Shape
 from sp_lab.compiler.split import SplitGraph
 from sp_lab.compiler.tensor_names import TensorNames
@@ -67,19 +68,19 @@ def record_boundaries(
             output = next((o for o in outputs if o.index == (out_index or 0)), None)
             after = (output.shape if output is not None else None) or shape_json(val)
             before = (output.shape_before if output is not None else None) or shape_json(val)
-            full_t = _rows_dim(val.shape, (tokens,))
-            shard_t = _rows_dim(val.shape, shard_rows) if full_t is None else None
-            # In-piece SP: the walk's value is the piece's unsharded output and its record says what it became;
-            # SP before splitting: the value itself is the shard.
-            sharded = (full_t is not None and after is not None
-                       and [str(d) for d in after[: full_t + 1]] != [str(d) for d in shape_json(val)[: full_t + 1]]) \
-                or shard_t is not None
-            t = full_t if full_t is not None else shard_t
-            name = names.lookup(len(boundaries), _made_in_piece(split, source, out_index))
+            made_by = _made_in_piece(split, source, out_index)
+            if made_by.meta.get(TOKEN_SHARD):  # SP before splitting: the value itself is a shard
+                sharded, t = True, _rows_dim(val.shape, shard_rows)
+            else:  # in-piece SP: the walk's value is the piece's unsharded output; its record says what it became
+                t = _rows_dim(val.shape, (tokens,))
+                sharded = t is not None and after is not None and (
+                    [str(d) for d in after[: t + 1]] != [str(d) for d in shape_json(val)[: t + 1]])
+            name = names.lookup(len(boundaries), made_by)
             crossing.append(BoundaryCrossing(
                 name=name.name,
                 dtype=str(val.dtype).removeprefix("torch."),
-                shape_before=before if not sharded or before != after else _full_rows(after, t, token_shape, tokens),
+                shape_before=before if not sharded or before != after or t is None
+                else _full_rows(after, t, token_shape, tokens),
                 shape_after=after,
                 sharded_before=False,
                 sharded_after=bool(sharded),

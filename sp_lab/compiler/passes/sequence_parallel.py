@@ -48,7 +48,11 @@ from sp_lab.compiler.report import SPRewrite
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["TOKEN_LOCAL_REDUCTIONS", "SPResult", "apply_sequence_parallel"]
+__all__ = ["TOKEN_LOCAL_REDUCTIONS", "TOKEN_SHARD", "SPResult", "apply_sequence_parallel"]
+
+# The meta key set on every token shard the pass leaves in the graph: where SP runs before splitting, the
+# boundary records read it (a shard's shape alone can be mistaken: [1, S, H] at B = tp is also [S, H]-like).
+TOKEN_SHARD = "sp_lab_token_shard"
 
 # Reductions that stay inside one token's row when they do not reduce dim 0.
 TOKEN_LOCAL_REDUCTIONS = {
@@ -407,6 +411,8 @@ class _Rewriter:
                 if not all_reduce.users:
                     self.graph.erase_node(all_reduce)
         self.graph.eliminate_dead_code()
+        for shard in [*self.shard.values(), *self.shard_cache.values()]:
+            shard.meta[TOKEN_SHARD] = True
         self.result.added = [n.name for n in self.b.added if n.graph is self.graph and not n._erased]
         return self.result
 
