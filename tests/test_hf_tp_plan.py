@@ -1,20 +1,18 @@
 """A Hugging Face model with its own tensor-parallel plan, compiled by sp_lab on 2 gloo ranks.
 
-A tiny random transformers Llama is saved locally and loaded on every rank two ways:
+A tiny random transformers Llama is saved locally and loaded on every rank with
+``from_pretrained(path, tp_plan="auto")`` (``sp_lab.models.from_pretrained_tp_plan``, which spells it as the installed
+transformers wants): transformers' own plan, parameters as DTensors (this needs ``accelerate``, part of the ``hf``
+extra). It is compiled with SP + AsyncTP (``token_dim=1``: transformers runs ``[batch=1, seq]``)
+and compared with transformers' unsharded logits:
 
-- ``from_pretrained(path, tp_plan="auto")``: transformers' own plan, parameters as DTensors. transformers 5.x
-  refuses this without ``accelerate`` installed ("Using a `device_map`, `tp_plan`, ... requires `accelerate`"),
-  so that case is skipped where accelerate is missing;
-- the same model parallelised by hand with ``parallelize_module`` from ``config.base_model_tp_plan``
-  (``"colwise"`` -> ``ColwiseParallel()``, ``"rowwise"`` -> ``RowwiseParallel()``), which needs nothing more.
-
-Both are compiled with SP + AsyncTP (``token_dim=1``: transformers runs ``[batch=1, seq]``) and compared with
-transformers' unsharded logits.
+- with transformers' default attention (SDPA), full graph: SDPA is no splitting op;
+- with ``attn_implementation=sp_lab.models.register_hf_attention()``: attention goes through ``sp_lab::attention``,
+  so the model compiles piecewise, split at every layer's attention, under every boundary strategy.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -23,63 +21,25 @@ import pytest
 import torch
 
 import sp_lab
+from sp_lab.compiler.backend import BoundaryError
+from sp_lab.models import CausalLMLogits, from_pretrained_tp_plan, register_hf_attention
 
 transformers = pytest.importorskip("transformers")
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
 
 TP = 2
-NUM_TOKENS = 12
-HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
+COUNTS = (12, 13)  # even; odd (padded to a multiple of tp). Both in the SP range, one compile.
+# (label, attn_implementation, compile_mode, boundary)
+CASES = [
+    ("sdpa-full_graph", "sdpa", "full_graph", "sharded"),
+    ("sp_lab-gather_erase", "sp_lab", "piecewise", "gather_erase"),
+    ("sp_lab-gather", "sp_lab", "piecewise", "gather"),
+    ("sp_lab-sharded", "sp_lab", "piecewise", "sharded"),
+]
 
 
-class Logits(torch.nn.Module):
-    """``input_ids [1, T] -> logits [1, T, vocab]`` (no KV cache): the call sp_lab compiles."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
-
-
-def parallelize_from_base_plan(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
-    """Apply ``model.config.base_model_tp_plan`` with PyTorch's own ColwiseParallel / RowwiseParallel."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {f"model.{name}": styles[style]() for name, style in model.config.base_model_tp_plan.items()}
-    return parallelize_module(model, init_device_mesh("cpu", (world_size,)), plan)
-
-
-def _worker(path: str, ids: torch.Tensor, use_tp_plan: bool) -> dict[str, Any]:
-    config = sp_lab.LabConfig(tp_size=TP, token_dim=1, async_tp_min_tokens=8, max_num_tokens=64,
-                              compile_mode="full_graph")
-    results = {}
-    loads = {"base_model_tp_plan": lambda: parallelize_from_base_plan(
-        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), TP)}
-    if use_tp_plan:
-        loads["tp_plan_auto"] = lambda: transformers.AutoModelForCausalLM.from_pretrained(
-            path, tp_plan="auto", dtype=torch.float32)
-    for name, load in loads.items():
-        torch._dynamo.reset()
-        model = load().eval()
-        compiled = sp_lab.compile(Logits(model), config)
-        with torch.no_grad():
-            results[name] = {
-                "param_type": type(model.model.layers[0].self_attn.q_proj.weight).__name__,
-                "eager": Logits(model)(ids),
-                "compiled": compiled(ids),
-                "op_counts": compiled.report.op_counts(NUM_TOKENS),
-                "sp_rewrites": compiled.report.sp_rewrites(NUM_TOKENS),
-            }
-    return results
-
-
-@pytest.fixture(scope="module")
-def hf(tmp_path_factory) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+def _tiny_llama() -> transformers.LlamaForCausalLM:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -88,30 +48,119 @@ def hf(tmp_path_factory) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     with torch.no_grad():  # norms start at 1: perturb everything so a wrongly sharded tensor shows
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+def _worker(path: str) -> dict[str, Any]:
+    models = {attn: from_pretrained_tp_plan(
+        path, dtype=torch.float32, attn_implementation=register_hf_attention() if attn == "sp_lab" else attn).eval()
+        for attn in ("sdpa", "sp_lab")}
+    results: dict[str, Any] = {"param_type": type(models["sdpa"].model.layers[0].self_attn.q_proj.weight).__name__}
+    for label, attn, mode, boundary in [*CASES, ("sp_lab-none", "sp_lab", "piecewise", "none")]:
+        torch._dynamo.reset()
+        config = sp_lab.LabConfig(tp_size=TP, token_dim=1, async_tp_min_tokens=8, max_num_tokens=64,
+                                  compile_mode=mode, boundary=boundary)
+        compiled = sp_lab.compile(CausalLMLogits(models[attn]), config)
+        with torch.no_grad():
+            if boundary == "none":
+                try:
+                    compiled(_ids(12))
+                    results[label] = "no error"
+                except BoundaryError as e:
+                    results[label] = str(e)
+                continue
+            results[label] = {
+                "eager": {n: CausalLMLogits(models[attn])(_ids(n)) for n in COUNTS},
+                "compiled": {n: compiled(_ids(n)) for n in COUNTS},
+                "pieces": [p.kind if p.kind != "splitting_op" else p.op for p in compiled.report.range_for(12).pieces],
+                "op_counts": compiled.report.op_counts(12),
+                "sp_rewrites": compiled.report.sp_rewrites(12),
+            }
+    return results
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory) -> tuple[dict[int, torch.Tensor], list[dict[str, Any]]]:
+    model = _tiny_llama()
     path = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(path)
-    ids = torch.randint(0, 128, (1, NUM_TOKENS), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = model(ids).logits
-    return expected, sp_lab.launch(_worker, str(path), ids, HAS_ACCELERATE, world_size=TP, timeout=900.0)
+        expected = {n: model(_ids(n)).logits for n in COUNTS}
+    return expected, sp_lab.launch(_worker, str(path), world_size=TP, timeout=900.0)
 
 
-@pytest.mark.parametrize("load", [
-    "base_model_tp_plan",
-    pytest.param("tp_plan_auto", marks=pytest.mark.skipif(not HAS_ACCELERATE, reason=(
-        "transformers' tp_plan='auto' needs accelerate: 'Using a `device_map`, `tp_plan`, `torch.device` context "
-        "manager or setting `torch.set_default_device(device)` requires `accelerate`'"))),
-])
-def test_hf_llama_with_its_tp_plan_matches_unsharded_logits(hf, load):
+@pytest.mark.parametrize("label", [c[0] for c in CASES])
+def test_hf_llama_with_its_tp_plan_matches_unsharded_logits(hf, label):
     expected, ranks = hf
     for rank in ranks:
-        got = rank[load]
-        assert got["param_type"] == "DTensor"
-        assert (got["eager"] - expected).abs().max().item() < 1e-5
-        assert (got["compiled"] - expected).abs().max().item() < 1e-4
-        # Two layers x (o_proj + down_proj): four all_reduces rewritten by SP, each fused with its matmul.
-        # transformers' own plan also shards the embedding over the vocabulary: its all_reduce becomes a fifth
-        # reduce_scatter, with no matmul before it to fuse.
-        assert got["sp_rewrites"] == {"base_model_tp_plan": 4, "tp_plan_auto": 5}[load]
-        assert got["op_counts"]["all_reduce"] == 0 and got["op_counts"]["fused_matmul_reduce_scatter"] == 4
-        assert got["op_counts"]["fused_all_gather_matmul"] > 0
+        assert rank["param_type"] == "DTensor"
+        got = rank[label]
+        for n in COUNTS:
+            assert (got["eager"][n] - expected[n]).abs().max().item() < 1e-5
+            assert (got["compiled"][n] - expected[n]).abs().max().item() < 1e-4, (label, n)
+        # Two layers x (o_proj + down_proj) all_reduces, plus the embedding's: transformers' plan shards it over
+        # the vocabulary, so it sums partial lookups. All five become reduce_scatters; the four after a matmul fuse
+        # with it, the embedding's has no matmul before it.
+        counts = got["op_counts"]
+        assert got["sp_rewrites"] == 5
+        assert counts["all_reduce"] == 0 and counts["fused_matmul_reduce_scatter"] == 4, counts
+        assert counts["reduce_scatter"] == 1, counts
+        # The logits need every token (one all-gather); gather and gather_erase also gather the residual at both
+        # attention boundaries, sharded carries it across as a token shard.
+        assert counts["all_gather"] == (3 if label in ("sp_lab-gather", "sp_lab-gather_erase") else 1), counts
+        assert counts["fused_all_gather_matmul"] > 0, counts
+
+
+@pytest.mark.parametrize("label", [c[0] for c in CASES if c[1] == "sp_lab"])
+def test_sp_lab_attention_splits_the_hf_model_at_every_layer(hf, label):
+    _, ranks = hf
+    for rank in ranks:
+        assert rank[label]["pieces"] == ["compiled", "sp_lab::attention"] * 2 + ["compiled"]
+
+
+def test_sdpa_model_compiles_as_one_piece(hf):
+    _, ranks = hf
+    assert all(rank["sdpa-full_graph"]["pieces"] == ["compiled"] for rank in ranks)
+
+
+def test_boundary_none_reports_the_broken_boundary_of_an_hf_model(hf):
+    _, ranks = hf
+    for rank in ranks:
+        assert "boundary='none'" in rank["sp_lab-none"] and "assert_size_stride" in rank["sp_lab-none"]
+
+
+# -- in process: the attention function alone --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny() -> transformers.LlamaForCausalLM:
+    return _tiny_llama()
+
+
+def test_sp_lab_attention_matches_sdpa_unsharded(tiny):
+    with torch.no_grad():
+        expected = tiny(_ids(12)).logits
+        tiny.config._attn_implementation = register_hf_attention()
+        try:
+            got = tiny(_ids(12), use_cache=False).logits
+        finally:
+            tiny.config._attn_implementation = "sdpa"
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("call", "named"), [
+    (lambda m: m(_ids(12), attention_mask=torch.ones(1, 12, dtype=torch.long), use_cache=False), "attention_mask"),
+    (lambda m: m(torch.cat([_ids(12), _ids(12)]), use_cache=False), "batch"),
+    (lambda m: m(_ids(1), past_key_values=m(_ids(12), use_cache=True).past_key_values), "KV cache"),
+])
+def test_sp_lab_attention_refuses_what_it_cannot_compute(tiny, call, named):
+    tiny.config._attn_implementation = register_hf_attention()
+    try:
+        with torch.no_grad(), pytest.raises(ValueError, match=f"attn_implementation='sp_lab' got {named}"):
+            call(tiny)
+    finally:
+        tiny.config._attn_implementation = "sdpa"

@@ -11,6 +11,10 @@ import this module by name, which registers the ops there too. One op per signat
 
 Every op mixes tokens (a cumulative sum along dim 0), as attention does, so an op handed a token shard
 instead of the full tensor gives a different answer.
+
+The same launch compiles models whose forward does not name its tokens: an ``nn.Sequential`` at the top (Dynamo
+enters a ``torch.nn`` container through a ``*args`` wrapper, so the tokens are ``args[0]``, not ``input``) and a
+``forward(self, *inputs)``.
 """
 
 from __future__ import annotations
@@ -111,6 +115,37 @@ class FourOps(nn.Module):
         return x
 
 
+class RowParallel(nn.Module):
+    """``x [T, H] -> all_reduce(x @ w.T)``: a row-parallel linear written with a functional collective."""
+
+    def __init__(self, hidden: int, g: torch.Generator):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(hidden, hidden, generator=g) / hidden**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(F.linear(x, self.w), "sum", dist.group.WORLD)
+
+
+class One(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.umtest.one(x)
+
+
+def sequential(hidden: int = 16) -> nn.Sequential:
+    """x: [T, 16] -> [T, 16]; two SP sites around a splitting op, as an ``nn.Sequential``."""
+    g = torch.Generator().manual_seed(1)
+    return nn.Sequential(RowParallel(hidden, g), nn.RMSNorm(hidden), One(), RowParallel(hidden, g), nn.RMSNorm(hidden))
+
+
+class StarArgs(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.inner(inputs[0])
+
+
 # (label, compile_mode, boundary)
 CASES = [
     ("gather_erase", "piecewise", "gather_erase"),
@@ -142,14 +177,30 @@ def _worker() -> dict[str, Any]:
             x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
             with torch.no_grad():
                 diffs[n] = (compiled(x) - model(x)).abs().max().item()
-        sp_range = compiled.report.range_for(12)
-        results[label] = {
-            "diffs": diffs,
-            "split_at": [p.op for p in sp_range.pieces if p.kind == "splitting_op"],
-            "op_counts": compiled.report.op_counts(12),
-            "fusion_fired": compiled.report.fusion_fired(12),
-        }
+        results[label] = _outcome(compiled, diffs)
+    seq = sequential()
+    for label, model in (("sequential", seq), ("star_args", StarArgs(seq))):
+        torch._dynamo.reset()
+        compiled = sp_lab.compile(model, sp_lab.LabConfig(tp_size=TP, async_tp_min_tokens=MIN_TOKENS,
+                                                          max_num_tokens=64, splitting_ops=["umtest::one"]))
+        diffs = {}
+        for n in COUNTS[1:]:
+            x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
+            with torch.no_grad():
+                diffs[n] = (compiled(x) - model(x)).abs().max().item()
+        results[label] = _outcome(compiled, diffs)
     return results
+
+
+def _outcome(compiled: sp_lab.CompiledModel, diffs: dict[int, float]) -> dict[str, Any]:
+    sp_range = compiled.report.range_for(12)
+    return {
+        "diffs": diffs,
+        "split_at": [p.op for p in sp_range.pieces if p.kind == "splitting_op"],
+        "op_counts": compiled.report.op_counts(12),
+        "sp_rewrites": compiled.report.sp_rewrites(12),
+        "fusion_fired": compiled.report.fusion_fired(12),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +225,13 @@ def test_every_signature_compiles_and_matches_eager(gloo, label):
 def test_boundary_none_still_reports_the_broken_boundary(gloo):
     for results in gloo:
         assert "boundary='none'" in results["none"] and "assert_size_stride" in results["none"], results["none"]
+
+
+@pytest.mark.parametrize("label", ["sequential", "star_args"])
+def test_forward_without_a_named_token_argument_compiles_and_matches_eager(gloo, label):
+    for rank, results in enumerate(gloo):
+        got = results[label]
+        assert max(got["diffs"].values()) < 1e-4, (rank, got["diffs"])
+        assert got["split_at"] == ["umtest::one"]
+        # Both all_reduces became reduce_scatters fused with their matmuls (SP found the tokens in args[0]).
+        assert got["sp_rewrites"] == 2 and got["op_counts"]["fused_matmul_reduce_scatter"] == 2, got["op_counts"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import fx
-from torch._dynamo.source import LocalSource
 from torch._guards import detect_fake_mode
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
@@ -96,7 +94,7 @@ class CompiledModel:
             model=model.spec.to_dict() if hasattr(model, "spec") else {"name": type(model).__name__},
             ranges=[_planned(r, config) for r in self.ranges],
         )
-        self._token_arg = next(iter(inspect.signature(model.forward).parameters))
+        self._tokens_in_flight: torch.Tensor | None = None  # the first argument of the call Dynamo is tracing
         self._call_started = 0.0
         self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
         self._full_graphs = FullCudaGraphs(self._forward)
@@ -143,8 +141,12 @@ class CompiledModel:
             torch._dynamo.maybe_mark_dynamic(tokens, dim)
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
         self._call_started = time.perf_counter()
-        with _recompile_limit(_RECOMPILE_LIMIT):
-            out = self._dynamo(tokens, *args, **kwargs)
+        self._tokens_in_flight = tokens
+        try:
+            with _recompile_limit(_RECOMPILE_LIMIT):
+                out = self._dynamo(tokens, *args, **kwargs)
+        finally:
+            self._tokens_in_flight = None
         if len(self.report.graphs) > graphs:
             # Dynamo's share of this call: everything but the range compiles it triggered.
             spent = time.perf_counter() - self._call_started - (_range_compile_s(self.report) - compile_s)
@@ -154,7 +156,7 @@ class CompiledModel:
 
     # -- Dynamo backend -------------------------------------------------------------------------------------------
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        token_index = _token_input_index(gm, self._token_arg)
+        token_index = _token_input_index(gm, example_inputs, self._tokens_in_flight)
         fake_mode = detect_fake_mode(example_inputs)
         # Dynamo hands over real tensors; the symbolic shapes live in the placeholders' fake values.
         example_inputs = [
@@ -253,13 +255,22 @@ def _recompile_limit(limit: int) -> Iterator[None]:
         dynamo_config.recompile_limit = previous
 
 
-def _token_input_index(gm: fx.GraphModule, arg_name: str) -> int:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        if isinstance(source, LocalSource) and source.local_name == arg_name:
+def _token_input_index(gm: fx.GraphModule, example_inputs: list[Any], tokens: torch.Tensor | None) -> int:
+    """Which input of Dynamo's graph is the token tensor the caller passed first.
+
+    Found by identity (Dynamo hands the backend the caller's own tensors), not by the forward argument's name:
+    the name Dynamo records depends on how it entered the module. ``forward(self, x)`` gives a local ``x``, but a
+    ``forward(*args)``, and every ``torch.nn`` container such as ``nn.Sequential`` (whose ``forward(input)``
+    Dynamo enters through a ``*args`` wrapper), give ``args[0]``.
+    """
+    for i, x in enumerate(example_inputs):
+        if x is tokens:
             return i
-    raise RuntimeError(f"could not find the forward argument {arg_name!r} among the captured graph's inputs")
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    raise RuntimeError(
+        f"sp_lab.compile: the token tensor passed first is not among the captured graph's inputs {placeholders}; "
+        "the forward must use its first argument (the tokens) as a tensor"
+    )
 
 
 def _provenance(effective: EffectiveConfig) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from torch import fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.fx_passes.post_grad import remove_noop_ops
 
 from sp_lab.compiler.crossings import record_boundaries
 from sp_lab.compiler.cudagraphs import CudaGraphPiece
@@ -156,6 +157,10 @@ class RangeCompiler:
         whole_graph_sp: list[SPResult] = []
 
         def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
+            # An in-place collective on a local tensor (transformers' tp_plan: ``dist.all_reduce(out)``) leaves
+            # ``copy(out, reduced)`` after functionalisation; Inductor drops such copies per piece, too late: SP would
+            # read it as a consumer needing every token, gather there and leave the matmul unfused.
+            remove_noop_ops(aten_gm.graph)
             whole_graph_sp.append(apply_sequence_parallel(
                 aten_gm.graph, tp_size=self.effective.tp_size, rank=self.rank, group_name=self.group_name,
                 policy=policy_for("whole_graph"), token_dim=self.config.token_dim,

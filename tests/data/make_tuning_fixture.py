@@ -59,7 +59,7 @@ def build() -> dict:
     meta = {
         "what": "SYNTHETIC fixture for tests (source=simulated): NOT a measurement",
         "generator": "tests/data/make_tuning_fixture.py",
-        "matmul_model": f"roofline fitted to data/h200/gemm_chunking_tp8.json: {roofline}",
+        "matmul_model": f"roofline fitted to sp_lab/data/h200/gemm_chunking_tp8.json: {roofline}",
         "comm_model": f"{H200_NVLINK.name}: alpha {H200_NVLINK.alpha_us} us, beta {H200_NVLINK.beta_gbps} GB/s, "
                       f"sync {H200_NVLINK.sync_us} us ({H200_NVLINK.source})",
         "fused_us": "max(tp chunk matmuls, collective) + sync",
