@@ -1,8 +1,9 @@
 """A Hugging Face model with its own tensor-parallel plan, compiled by sp_lab on 2 gloo ranks.
 
 A tiny random transformers Llama is saved locally and loaded on every rank with
-``from_pretrained(path, tp_plan="auto")``: transformers' own plan, parameters as DTensors (this needs ``accelerate``,
-part of the ``hf`` extra). It is compiled with SP + AsyncTP (``token_dim=1``: transformers runs ``[batch=1, seq]``)
+``from_pretrained(path, tp_plan="auto")`` (``sp_lab.models.from_pretrained_tp_plan``, which spells it as the installed
+transformers wants): transformers' own plan, parameters as DTensors (this needs ``accelerate``, part of the ``hf``
+extra). It is compiled with SP + AsyncTP (``token_dim=1``: transformers runs ``[batch=1, seq]``)
 and compared with transformers' unsharded logits:
 
 - with transformers' default attention (SDPA), full graph: SDPA is no splitting op;
@@ -21,7 +22,7 @@ import torch
 
 import sp_lab
 from sp_lab.compiler.backend import BoundaryError
-from sp_lab.models import CausalLMLogits, register_hf_attention
+from sp_lab.models import CausalLMLogits, from_pretrained_tp_plan, register_hf_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,9 +56,9 @@ def _ids(n: int) -> torch.Tensor:
 
 
 def _worker(path: str) -> dict[str, Any]:
-    models = {attn: transformers.AutoModelForCausalLM.from_pretrained(
-        path, tp_plan="auto", dtype=torch.float32,
-        attn_implementation=register_hf_attention() if attn == "sp_lab" else attn).eval() for attn in ("sdpa", "sp_lab")}
+    models = {attn: from_pretrained_tp_plan(
+        path, dtype=torch.float32, attn_implementation=register_hf_attention() if attn == "sp_lab" else attn).eval()
+        for attn in ("sdpa", "sp_lab")}
     results: dict[str, Any] = {"param_type": type(models["sdpa"].model.layers[0].self_attn.q_proj.weight).__name__}
     for label, attn, mode, boundary in [*CASES, ("sp_lab-none", "sp_lab", "piecewise", "none")]:
         torch._dynamo.reset()
@@ -108,6 +109,9 @@ def test_hf_llama_with_its_tp_plan_matches_unsharded_logits(hf, label):
         assert got["sp_rewrites"] == 5
         assert counts["all_reduce"] == 0 and counts["fused_matmul_reduce_scatter"] == 4, counts
         assert counts["reduce_scatter"] == 1, counts
+        # The logits need every token (one all-gather); gather and gather_erase also gather the residual at both
+        # attention boundaries, sharded carries it across as a token shard.
+        assert counts["all_gather"] == (3 if label in ("sp_lab-gather", "sp_lab-gather_erase") else 1), counts
         assert counts["fused_all_gather_matmul"] > 0, counts
 
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sp_lab
+from sp_lab.compiler import split
 from sp_lab.compiler.backend import BoundaryError
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
@@ -235,3 +236,28 @@ def test_forward_without_a_named_token_argument_compiles_and_matches_eager(gloo,
         assert got["split_at"] == ["umtest::one"]
         # Both all_reduces became reduce_scatters fused with their matmuls (SP found the tokens in args[0]).
         assert got["sp_rewrites"] == 2 and got["op_counts"]["fused_matmul_reduce_scatter"] == 2, got["op_counts"]
+
+
+class SDPAttention(nn.Module):
+    """x: [T, 8] -> [T, 8], attention through F.scaled_dot_product_attention (as transformers' "sdpa")."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.qkv(x).view(1, x.shape[0], 2, 4).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(x.shape[0], 8)
+
+
+@pytest.mark.parametrize("splitting_ops", [["sp_lab::attention"], ["aten::scaled_dot_product_attention"]])
+def test_sdpa_is_no_splitting_op_and_the_log_says_what_to_do(splitting_ops, caplog):
+    torch._dynamo.reset()
+    split._warn_once.cache_clear()  # logged once per process: another test may have logged it already
+    config = sp_lab.LabConfig(tp_size=1, async_tp_min_tokens=8, max_num_tokens=64, splitting_ops=splitting_ops)
+    compiled = sp_lab.compile(SDPAttention(), config, inspect_only=True)  # graphs only: no Inductor
+    with caplog.at_level("WARNING", logger="sp_lab.compiler.split"):
+        compiled(torch.randn(12, 8))
+    assert [p.kind for p in compiled.report.range_for(12).pieces] == ["compiled"]
+    assert f"splitting_ops={splitting_ops} matched no op" in caplog.text
+    assert "attn_implementation=sp_lab.models.register_hf_attention()" in caplog.text

@@ -7,6 +7,8 @@ partitions, and an in-place update (the residual ``add_``) could move past a rea
 
 from __future__ import annotations
 
+import functools
+import logging
 import operator
 from dataclasses import dataclass
 
@@ -15,6 +17,8 @@ from torch import fx
 from torch.fx.passes.split_module import split_module
 
 __all__ = ["Piece", "SplitGraph", "node_op_name", "op_name", "split_at"]
+
+log = logging.getLogger(__name__)
 
 
 def op_name(target: object) -> str | None:
@@ -84,6 +88,8 @@ def split_at(gm: fx.GraphModule, splitting_ops: list[str]) -> SplitGraph:
             current += 1
         else:
             partition_of[node] = current
+    if wanted and not split_kind:
+        _maybe_explain_sdpa(gm, splitting_ops)
     split_gm = split_module(gm, None, lambda n: partition_of[n], keep_original_order=True)
     pieces = []
     for node in split_gm.graph.nodes:
@@ -91,3 +97,22 @@ def split_at(gm: fx.GraphModule, splitting_ops: list[str]) -> SplitGraph:
             pid = int(node.target.rsplit("_", 1)[1])
             pieces.append(Piece(len(pieces), node.target, split_kind.get(pid)))
     return SplitGraph(split_gm, pieces)
+
+
+def _maybe_explain_sdpa(gm: fx.GraphModule, splitting_ops: list[str]) -> None:
+    """Say why a graph that runs SDPA did not split: the usual cause is a Hugging Face model's own attention."""
+    sdpa = next((n for n in gm.graph.nodes if n.op == "call_function" and "scaled_dot_product" in (
+        node_op_name(n) or getattr(n.target, "__name__", ""))), None)
+    if sdpa is not None:
+        _warn_once(
+            f"splitting_ops={splitting_ops} matched no op, but the graph calls scaled_dot_product_attention "
+            f"({sdpa.name}), which cannot be a splitting op (Dynamo records it as a Python builtin, and the sharded "
+            "boundary's aten graph holds a device-specific kernel instead): the model compiles as one piece. For a "
+            "transformers model load it with attn_implementation=sp_lab.models.register_hf_attention(); in your own "
+            "model call attention through a custom op and name that op in LabConfig.splitting_ops"
+        )
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)  # once per process: every token range splits the same graph

@@ -10,6 +10,8 @@ sp_lab's default ``splitting_ops``), so the model splits at every attention laye
 
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=sp_lab.models.register_hf_attention())
     # or, for a model already loaded (transformers 5): model.set_attn_implementation(register_hf_attention())
+    # or, sharded with transformers' own tensor-parallel plan:
+    model = sp_lab.models.from_pretrained_tp_plan(path, attn_implementation=sp_lab.models.register_hf_attention())
     compiled = sp_lab.compile(sp_lab.models.CausalLMLogits(model), sp_lab.LabConfig(token_dim=1, ...))
 
 Scope (checked at trace time, with a message): causal self-attention over one unpadded sequence, the prefill
@@ -21,6 +23,8 @@ same name: it hands a caller's padding mask through, and the attention refuses i
 
 from __future__ import annotations
 
+import inspect
+import os
 from typing import Any
 
 import torch
@@ -28,7 +32,7 @@ from torch import nn
 
 from sp_lab.models.attention import attention
 
-__all__ = ["HF_ATTENTION", "CausalLMLogits", "hf_attention_forward", "register_hf_attention"]
+__all__ = ["HF_ATTENTION", "CausalLMLogits", "from_pretrained_tp_plan", "hf_attention_forward", "register_hf_attention"]
 
 HF_ATTENTION = "sp_lab"
 """The name :func:`register_hf_attention` registers, for ``attn_implementation=``."""
@@ -118,3 +122,21 @@ class CausalLMLogits(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def from_pretrained_tp_plan(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", **kwargs)`` on every rank of the process group.
+
+    transformers shards the checkpoint with the model's own tensor-parallel plan (parameters become DTensors).
+    Spelled as the installed transformers takes it: ``distributed_config=DistributedConfig(tp_plan="auto")`` where
+    that exists (transformers 5 deprecates the ``tp_plan=`` keyword), ``tp_plan="auto"`` before. transformers
+    refuses either without ``accelerate`` (in sp_lab's ``hf`` extra).
+    """
+    import transformers
+
+    distributed_config = getattr(transformers, "DistributedConfig", None)
+    if distributed_config is not None and "tp_plan" in inspect.signature(distributed_config).parameters:
+        kwargs["distributed_config"] = distributed_config(tp_plan="auto")
+    else:
+        kwargs["tp_plan"] = "auto"
+    return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
