@@ -8,8 +8,10 @@
 
 Plans: ``tp`` (Colwise/Rowwise, PrepareModuleInput/Output; DTensor all_reduces that sp_lab's SP rewrites),
 ``tp_dtensor_ffn`` (the same with ``use_local_output=False`` in the FFN), ``titan_sp`` (torchtitan's plan with
-``SequenceParallel``: DTensor's own all_gather / reduce_scatter, which SP must leave alone; it runs at token counts
-that tp divides only -- ``from_local`` without a shape assumes even shards -- and sp_lab refuses the others by name).
+``SequenceParallel``: DTensor's own all_gather / reduce_scatter, which SP must leave alone and AsyncTP fuses once
+``passes/dtensor_collectives.py`` has restated them on ``[N, H]``). ``titan_sp`` runs at token counts that tp
+divides only -- ``from_local`` without a shape assumes even shards, and eagerly 13 tokens on 2 ranks abort in
+gloo -- so sp_lab traces its ranges at such a count and refuses the others by name, on every rank.
 """
 
 from __future__ import annotations
@@ -51,7 +53,20 @@ def _tokens(n: int) -> torch.Tensor:
 
 # Every mode on the main plan; the use_local_output=False plan once. The SP range only, except one check below it.
 FAKE_CASES = [("tp", b, m) for b, m in MODES] + [("tp_dtensor_ffn", "sharded", "piecewise")]
-SP_PLAN_CASE = ("titan_sp", "sharded", "full_graph")
+# torchtitan's plan: its other modes run on the gloo ranks below, with their op counts.
+SP_PLAN_CASES = [("titan_sp", "sharded", "full_graph"), ("titan_sp", "gather_erase", "piecewise")]
+SP_PLAN_CASE = SP_PLAN_CASES[0]
+
+
+def _counts(report: Any, n: int) -> dict[str, Any]:
+    """Op counts at ``n`` tokens after the passes, before them (summed over the range's pieces), and matches."""
+    rng = report.range_for(n)
+    before: dict[str, int] = {}
+    for piece in rng.pieces:
+        for key, value in piece.op_counts_before.items():
+            before[str(key)] = before.get(str(key), 0) + value
+    return {"after": {str(k): v for k, v in report.op_counts(n).items()}, "before": before,
+            "matches": {str(k): v for k, v in rng.matches().items()}}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +74,7 @@ def fake() -> dict[str, Any]:
     results = {}
     with fake_process_group(TP):
         models = {plan: parallel_titan(plan, TP) for plan in ("tp", "tp_dtensor_ffn", "titan_sp")}
-        for plan, boundary, mode in [*FAKE_CASES, SP_PLAN_CASE]:
+        for plan, boundary, mode in [*FAKE_CASES, *SP_PLAN_CASES]:
             torch._dynamo.reset()
             compiled = sp_lab.compile(models[plan], config(boundary, mode), inspect_only=True)
             counts = (12, 4) if (plan, boundary, mode) == ("tp", "sharded", "piecewise") else (12,)
@@ -68,6 +83,8 @@ def fake() -> dict[str, Any]:
             results[_label(plan, boundary, mode)] = {
                 n: (compiled.report.op_counts(n), compiled.report.sp_rewrites(n)) for n in counts}
             if plan == "titan_sp":
+                results[_label(plan, boundary, mode)]["counts"] = _counts(compiled.report, 12)
+            if (plan, boundary, mode) == SP_PLAN_CASE:
                 results["titan_sp_guards"] = compiled.report.range_for(12).token_guards
                 with pytest.raises(ValueError) as odd:
                     compiled(_tokens(13))
@@ -90,12 +107,14 @@ def test_below_the_threshold_dtensor_keeps_its_all_reduces(fake):
     assert rewrites == 0 and counts["all_reduce"] == 4 and counts["fused_matmul_reduce_scatter"] == 0, counts
 
 
-def test_a_plan_with_sequence_parallel_is_not_rewritten_again(fake):
-    counts, rewrites = fake[_label(*SP_PLAN_CASE)][12]
+@pytest.mark.parametrize("case", SP_PLAN_CASES, ids=lambda c: _label(*c))
+def test_a_plan_with_sequence_parallel_is_not_rewritten_again(fake, case):
+    _, rewrites = fake[_label(*case)][12]
+    before = fake[_label(*case)]["counts"]["before"]
     # DTensor already placed reduce_scatters (embedding + 2 x 2 row-parallel layers) and all_gathers (2 x 2
-    # PrepareModuleInput + the output head): SP finds no all_reduce to rewrite and adds nothing.
+    # PrepareModuleInput + the output head's input and its logits): SP finds no all_reduce to rewrite.
     assert rewrites == 0
-    assert counts["all_reduce"] == 0 and counts["reduce_scatter"] == 5 and counts["all_gather"] == 6, counts
+    assert before["all_reduce"] == 0 and before["reduce_scatter"] == 5 and before["all_gather"] == 6, before
 
 
 def test_a_plan_with_sequence_parallel_rejects_token_counts_it_cannot_shard_evenly(fake):
@@ -126,11 +145,19 @@ def test_a_range_is_traced_at_a_count_the_captured_graph_accepts():
     assert _trace_hint(8, guards) == 62
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncTP matches all_gather -> mm and mm -> reduce_scatter on dim 0; DTensor "
-                   "spells its Shard(1) collectives as split/cat around a dim-0 collective, which is not normalised")
-def test_a_plan_with_sequence_parallel_gets_its_collectives_fused(fake):
-    counts, _ = fake[_label(*SP_PLAN_CASE)][12]
-    assert counts["fused_all_gather_matmul"] > 0 and counts["fused_matmul_reduce_scatter"] > 0, counts
+def _assert_seq_dim_collectives_fused(counts: dict[str, Any]) -> None:
+    after, matches = counts["after"], counts["matches"]
+    # DTensor's Shard(1) collectives restated on [N, H]: 5 reduce_scatters (embedding, 2 x (wo, w2)); each of the
+    # 11 matmuls reading a gathered residual (2 x (q, k, v, w1, w3) + the output head) gets its own gather.
+    assert matches.get("dtensor_seq_reduce_scatter") == 5 and matches.get("dtensor_seq_all_gather") == 11, matches
+    assert after["fused_all_gather_matmul"] == 11 and after["fused_matmul_reduce_scatter"] == 4, after
+    # Left: the embedding's reduce_scatter (no matmul before it) and the logits' gather (Shard(-1), not tokens).
+    assert after["reduce_scatter"] == 1 and after["all_gather"] == 1, after
+
+
+@pytest.mark.parametrize("case", SP_PLAN_CASES, ids=lambda c: _label(*c))
+def test_a_plan_with_sequence_parallel_gets_its_collectives_fused(fake, case):
+    _assert_seq_dim_collectives_fused(fake[_label(*case)]["counts"])
 
 
 # -- 2 gloo ranks: numerics against the unsharded model -------------------------------------------------------
@@ -139,7 +166,8 @@ def test_a_plan_with_sequence_parallel_gets_its_collectives_fused(fake):
 # group only. torchtitan's plan (titan_sp): DTensor's SequenceParallel makes its Shard(1) DTensors with from_local
 # and no global shape, so the graph holds only for token counts tp divides (Dynamo guards Eq(Mod(N, 2), 0)); sp_lab
 # traces each range at a count those guards accept and refuses odd counts by name.
-TITAN_SP_CASES = [("titan_sp", "sharded", "full_graph"), ("titan_sp", "gather", "piecewise")]
+TITAN_SP_CASES = [("titan_sp", "sharded", "full_graph"), ("titan_sp", "sharded", "piecewise"),
+                  ("titan_sp", "gather", "piecewise")]
 NUMERIC_CASES = [c for c in FAKE_CASES if c[1] != "gather_erase"] + TITAN_SP_CASES
 # torchtitan's plan runs at even counts only (see the fake-group test above): 13 must raise on every rank.
 COUNTS = {"titan_sp": (12, 14, 13)}
@@ -158,7 +186,8 @@ def _numerics_worker(cases) -> dict[str, Any]:
                     diffs[n] = (compiled(_tokens(n)) - reference(_tokens(n))).abs().max().item()
             except ValueError as e:
                 diffs[n] = str(e)
-        results[_label(plan, boundary, mode)] = {"diffs": diffs, "fused": compiled.report.fusion_fired(12)}
+        results[_label(plan, boundary, mode)] = {"diffs": diffs, "fused": compiled.report.fusion_fired(12),
+                                                 "counts": _counts(compiled.report, 12)}
     return results
 
 
@@ -173,8 +202,9 @@ def test_compiled_dtensor_model_matches_the_unsharded_model(gloo, case):
         got = results[_label(*case)]
         diffs = {n: d for n, d in got["diffs"].items() if not (case[0] == "titan_sp" and n % 2)}
         assert all(isinstance(d, float) and d < 1e-4 for d in diffs.values()), (rank, got["diffs"])
-        if case[0] != "titan_sp":  # AsyncTP on DTensor's own seq-dim collectives: see the xfail above
-            assert got["fused"], (rank, got)
+        assert got["fused"], (rank, got)
+        if case[0] == "titan_sp":
+            _assert_seq_dim_collectives_fused(got["counts"])
 
 
 @pytest.mark.parametrize("case", TITAN_SP_CASES, ids=lambda c: _label(*c))

@@ -166,6 +166,12 @@ class RangeCompiler:
                 policy=policy_for("whole_graph"), token_dim=self.config.token_dim,
             ))
             aten_gm.recompile()
+            # split_module hands a piece the symbols its inputs' sizes use (the token count, when a piece only
+            # receives ``2 * ((N + 1) // 2)``-sized DTensor shards, which Inductor cannot solve for N) by reading
+            # ``example_value``, which Dynamo's graphs carry and AOT's carry as ``val``.
+            for node in aten_gm.graph.nodes:
+                if "val" in node.meta:
+                    node.meta.setdefault("example_value", node.meta["val"])
             return make_boxed_func(self._compile_split(aten_gm, aten_inputs, pieces, in_piece_sp=False))
 
         # AOT must trace in Dynamo's fake mode (its ShapeEnv owns the token-count symbol).

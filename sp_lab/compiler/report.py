@@ -76,6 +76,8 @@ class CountKey(enum.StrEnum):
     ASYNC_TP_MM_RS = "async_tp_mm_rs"
     BOUNDARY_GATHER = "boundary_gather"
     BOUNDARY_ERASE = "boundary_erase"
+    DTENSOR_SEQ_RS = "dtensor_seq_reduce_scatter"  # DTensor's split/cat reduce_scatter restated on [N, H]
+    DTENSOR_SEQ_AG = "dtensor_seq_all_gather"  # a matmul given its own [N / tp, H] gather of DTensor's
 
 
 K = CountKey
@@ -84,7 +86,8 @@ OP_KEYS = (K.ALL_REDUCE, K.REDUCE_SCATTER, K.ALL_GATHER, K.FUSED_ALL_GATHER_MATM
 COLLECTIVE_KEYS = OP_KEYS[:5]
 """Collectives, plain and fused with a matmul."""
 FUSED_KEYS = (K.FUSED_ALL_GATHER_MATMUL, K.FUSED_MATMUL_REDUCE_SCATTER)
-MATCH_KEYS = (K.SP_FIRST, K.SP_MIDDLE, K.SP_LAST, K.ASYNC_TP_AG_MM, K.ASYNC_TP_MM_RS, K.BOUNDARY_GATHER, K.BOUNDARY_ERASE)
+MATCH_KEYS = (K.SP_FIRST, K.SP_MIDDLE, K.SP_LAST, K.ASYNC_TP_AG_MM, K.ASYNC_TP_MM_RS, K.BOUNDARY_GATHER, K.BOUNDARY_ERASE,
+              K.DTENSOR_SEQ_RS, K.DTENSOR_SEQ_AG)
 """What the passes matched in a piece (``matches``)."""
 SP_MATCH_KEYS = (K.SP_FIRST, K.SP_MIDDLE, K.SP_LAST)
 del K

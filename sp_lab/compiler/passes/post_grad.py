@@ -1,4 +1,5 @@
-"""The Inductor post-grad pass sp_lab installs in every piece: SP, then AsyncTP, then a snapshot.
+"""The Inductor post-grad pass sp_lab installs in every piece: SP, then AsyncTP (after restating DTensor's
+sequence-dim collectives in the form it matches), then a snapshot.
 
 It is a ``CustomGraphPass`` whose ``uuid()`` covers everything that changes what it does (the pass sources,
 tp size, rank, group, boundary policy, range, heuristic), so Inductor's FX-graph cache can never hand back a
@@ -17,6 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from sp_lab.compiler.inspection import graph_snapshot, op_counts, shape_json
 from sp_lab.compiler.passes.async_tp import apply_async_tp
 from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.dtensor_collectives import normalise_seq_dim_collectives
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.report import CountKey, PieceOutput, PieceRecord
 from sp_lab.rules import MatmulRule
@@ -77,6 +79,9 @@ class SpLabPostGradPass(CustomGraphPass):
             if sp.rewrites and group is None:
                 group = next(n.args[-1] for n in graph.nodes if n.op == "call_function" and "reduce_scatter" in str(n.target))
         if self.enable_async_tp and group is not None:
+            seq_dim = normalise_seq_dim_collectives(graph, tp_size=self.tp_size)
+            matches[CountKey.DTENSOR_SEQ_RS] = seq_dim.reduce_scatters
+            matches[CountKey.DTENSOR_SEQ_AG] = seq_dim.gathers_for_matmuls
             fusion = apply_async_tp(
                 graph,
                 tp_size=self.tp_size,
