@@ -14,6 +14,7 @@ and compared with transformers' unsharded logits:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,9 @@ def test_sliding_window_attention_within_its_window_is_causal_attention():
         with pytest.raises(ValueError, match="got a sequence longer than the sliding window"):
             model(_ids(17), use_cache=False)
     assert (got - expected).abs().max().item() < 1e-5
+
+
+def test_register_hf_attention_names_what_an_older_transformers_lacks(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)  # as if transformers had no such module
+    with pytest.raises(ImportError, match="masking_utils.AttentionMaskInterface"):
+        register_hf_attention()
