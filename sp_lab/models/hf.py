@@ -15,8 +15,8 @@ sp_lab's default ``splitting_ops``), so the model splits at every attention laye
     compiled = sp_lab.compile(sp_lab.models.CausalLMLogits(model), sp_lab.LabConfig(token_dim=1, ...))
 
 Scope (checked at trace time, with a message): causal self-attention over one unpadded sequence, the prefill
-shape sp_lab compiles -- batch 1, no ``attention_mask``, no KV cache (``use_cache=False``), no sliding window or
-logit soft-capping. transformers drops the caller's ``attention_mask`` for an attention name it has no mask
+shape sp_lab compiles -- batch 1, no ``attention_mask``, no KV cache (``use_cache=False``), no logit soft-capping,
+and a sliding window (Mistral) only as long as the sequence fits in it, where it is plain causal attention. transformers drops the caller's ``attention_mask`` for an attention name it has no mask
 function for (a padded batch would silently attend to its padding), so a mask function is registered under the
 same name: it hands a caller's padding mask through, and the attention refuses it; without one it hands ``None``.
 """
@@ -89,7 +89,9 @@ def hf_attention_forward(
         "KV cache (key longer than the queries)": key.shape[2] != tokens,
         "dropout": dropout != 0.0,
         "non-causal attention": is_causal is False or not getattr(module, "is_causal", True),
-        "sliding_window": kwargs.get("sliding_window") is not None,
+        # Within the window, sliding-window attention is causal attention. On a symbolic token count this check is
+        # a Dynamo guard: a longer sequence is traced again and lands here.
+        "a sequence longer than the sliding window": (window := kwargs.get("sliding_window")) is not None and tokens > window,
         "softcap": kwargs.get("softcap") is not None,
         "value head size != query head size": value.shape[-1] != head_dim,
     }
