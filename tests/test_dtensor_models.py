@@ -27,6 +27,7 @@ from tp_models import ATTENTION_OP, TinyTitan, parallel_titan
 
 import sp_lab
 from sp_lab.distributed.collectives import fake_process_group
+from sp_lab.rules import MatmulRule
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
 
@@ -35,9 +36,9 @@ MIN_TOKENS = 8
 MODES = [("gather_erase", "piecewise"), ("gather", "piecewise"), ("sharded", "piecewise"), ("sharded", "full_graph")]
 
 
-def config(boundary: str, mode: str) -> sp_lab.LabConfig:
+def config(boundary: str, mode: str, **overrides: Any) -> sp_lab.LabConfig:
     return sp_lab.LabConfig(tp_size=TP, async_tp_min_tokens=MIN_TOKENS, max_num_tokens=64, token_dim=1,
-                            splitting_ops=[ATTENTION_OP], boundary=boundary, compile_mode=mode)
+                            splitting_ops=[ATTENTION_OP], boundary=boundary, compile_mode=mode, **overrides)
 
 
 def _label(plan: str, boundary: str, mode: str) -> str:
@@ -89,6 +90,11 @@ def fake() -> dict[str, Any]:
                 with pytest.raises(ValueError) as odd:
                     compiled(_tokens(13))
                 results["titan_sp_odd"] = str(odd.value)
+        torch._dynamo.reset()
+        rejected = sp_lab.compile(models["titan_sp"], config(*SP_PLAN_CASE[1:], heuristic=MatmulRule.always("no_fuse")),
+                                  inspect_only=True)
+        rejected(_tokens(12))
+        results["titan_sp_no_fuse"] = _counts(rejected.report, 12)
     return results
 
 
@@ -158,6 +164,14 @@ def _assert_seq_dim_collectives_fused(counts: dict[str, Any]) -> None:
 @pytest.mark.parametrize("case", SP_PLAN_CASES, ids=lambda c: _label(*c))
 def test_a_plan_with_sequence_parallel_gets_its_collectives_fused(fake, case):
     _assert_seq_dim_collectives_fused(fake[_label(*case)]["counts"])
+
+
+def test_gathers_the_heuristic_leaves_unfused_are_merged_back(fake):
+    # Each matmul got its own gather for AsyncTP; where the rule says no_fuse, they are one gather again per shard:
+    # DTensor's own six, and its five reduce_scatters.
+    after = fake["titan_sp_no_fuse"]["after"]
+    assert after["fused_all_gather_matmul"] == 0 and after["fused_matmul_reduce_scatter"] == 0, after
+    assert after["all_gather"] == 6 and after["reduce_scatter"] == 5, after
 
 
 # -- 2 gloo ranks: numerics against the unsharded model -------------------------------------------------------

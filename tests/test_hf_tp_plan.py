@@ -14,6 +14,7 @@ and compared with transformers' unsharded logits:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,24 @@ def test_sp_lab_attention_refuses_what_it_cannot_compute(tiny, call, named):
             call(tiny)
     finally:
         tiny.config._attn_implementation = "sdpa"
+
+
+def test_sliding_window_attention_within_its_window_is_causal_attention():
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        max_position_embeddings=256, sliding_window=16)
+    model = transformers.MistralForCausalLM(config).eval()
+    with torch.no_grad():
+        expected = model(_ids(12)).logits
+        model.config._attn_implementation = register_hf_attention()
+        got = model(_ids(12), use_cache=False).logits
+        with pytest.raises(ValueError, match="got a sequence longer than the sliding window"):
+            model(_ids(17), use_cache=False)
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+def test_register_hf_attention_names_what_an_older_transformers_lacks(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)  # as if transformers had no such module
+    with pytest.raises(ImportError, match="masking_utils.AttentionMaskInterface"):
+        register_hf_attention()

@@ -1,6 +1,6 @@
 """Hugging Face transformers models under ``sp_lab.compile``: the attention they split at, and the call compiled.
 
-transformers calls attention through a registry (``transformers.AttentionInterface``, 4.51 and later), by the
+transformers calls attention through a registry (``transformers.AttentionInterface``), by the
 name in ``config._attn_implementation``. Its own implementations (``"sdpa"``, ``"eager"``) reach Dynamo's graph as
 ``scaled_dot_product_attention`` or as matmuls and a softmax, which are not ops ``LabConfig.splitting_ops`` can
 name, so a transformers model compiled with ``compile_mode="piecewise"`` ends up in one piece. vLLM solves the same
@@ -15,10 +15,11 @@ sp_lab's default ``splitting_ops``), so the model splits at every attention laye
     compiled = sp_lab.compile(sp_lab.models.CausalLMLogits(model), sp_lab.LabConfig(token_dim=1, ...))
 
 Scope (checked at trace time, with a message): causal self-attention over one unpadded sequence, the prefill
-shape sp_lab compiles -- batch 1, no ``attention_mask``, no KV cache (``use_cache=False``), no sliding window or
-logit soft-capping. transformers drops the caller's ``attention_mask`` for an attention name it has no mask
-function for (a padded batch would silently attend to its padding), so a mask function is registered under the
-same name: it hands a caller's padding mask through, and the attention refuses it; without one it hands ``None``.
+shape sp_lab compiles -- batch 1, no ``attention_mask``, no KV cache (``use_cache=False``), no logit soft-capping,
+and a sliding window (Mistral) only as long as the sequence fits in it, where it is plain causal attention.
+transformers drops the caller's ``attention_mask`` for an attention name it has no mask function for (a padded
+batch would silently attend to its padding), so a mask function is registered under the same name: it hands a
+caller's padding mask through, and the attention refuses it; without one it hands ``None``.
 """
 
 from __future__ import annotations
@@ -45,18 +46,16 @@ def register_hf_attention() -> str:
     """
     try:
         from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as e:
+        # Older transformers build the causal mask inside the model for any attention name but "sdpa" / flash, so
+        # this attention would receive a mask on every call and refuse it.
         raise ImportError(
-            "register_hf_attention needs transformers' AttentionInterface (documented from transformers 4.51): "
-            "pip install -U 'transformers>=4.51'"
+            "register_hf_attention needs transformers' AttentionInterface and masking_utils.AttentionMaskInterface "
+            "(transformers 5 has both; sp_lab is tested with 5.24): pip install -U transformers"
         ) from e
     AttentionInterface.register(HF_ATTENTION, hf_attention_forward)
-    try:
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError:  # before 4.53 masks were built by the model itself, from the caller's attention_mask
-        pass
-    else:
-        AttentionMaskInterface.register(HF_ATTENTION, _padding_mask_only)
+    AttentionMaskInterface.register(HF_ATTENTION, _padding_mask_only)
     return HF_ATTENTION
 
 
@@ -89,7 +88,10 @@ def hf_attention_forward(
         "KV cache (key longer than the queries)": key.shape[2] != tokens,
         "dropout": dropout != 0.0,
         "non-causal attention": is_causal is False or not getattr(module, "is_causal", True),
-        "sliding_window": kwargs.get("sliding_window") is not None,
+        # Within the window, sliding-window attention is causal attention. On a symbolic token count this check is
+        # a Dynamo guard: a longer sequence is traced again and lands here.
+        "a sequence longer than the sliding window": (
+            (window := kwargs.get("sliding_window")) is not None and tokens > window),
         "softcap": kwargs.get("softcap") is not None,
         "value head size != query head size": value.shape[-1] != head_dim,
     }

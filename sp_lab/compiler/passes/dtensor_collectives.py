@@ -17,6 +17,8 @@ same bytes as DTensor's. The rewrite states the collectives that way:
   is a view of it), viewed back to ``[1, N / tp, H]``;
 - ``all_gather(a)`` gathers ``a as [N / tp, H]``, and every matmul reading the result (through views) as
   ``[N, H]`` gets a gather of its own, as sp_lab's SP pass gives each matmul: AsyncTP's fused op has one B.
+  Those AsyncTP then leaves unfused (its gate said no) are merged back into one gather per shard afterwards
+  (:func:`merge_unfused_gathers`), so a matmul the heuristic rejects costs no more traffic than DTensor's graph.
 
 Find, then rewrite. A batch > 1 keeps DTensor's spelling (there the split/cat really moves data).
 """
@@ -37,7 +39,7 @@ from sp_lab.compiler.passes.sequence_parallel import VIEWS
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["SeqDimCollectives", "normalise_seq_dim_collectives"]
+__all__ = ["SeqDimCollectives", "merge_unfused_gathers", "normalise_seq_dim_collectives"]
 
 
 @dataclass
@@ -49,6 +51,7 @@ class SeqDimCollectives:
     all_gathers: int = 0
     gathers_for_matmuls: int = 0
     skipped: list[str] = field(default_factory=list)  # why a collective that looked like one was left alone
+    gathers: list[fx.Node] = field(default_factory=list)  # the per-matmul gathers' waits, for the merge after AsyncTP
 
 
 def normalise_seq_dim_collectives(graph: fx.Graph, *, tp_size: int) -> SeqDimCollectives:
@@ -70,11 +73,30 @@ def normalise_seq_dim_collectives(graph: fx.Graph, *, tp_size: int) -> SeqDimCol
         _rewrite_reduce_scatter(graph, node, source, token_dim)
         result.reduce_scatters += 1
     for node in all_gathers:
-        matmuls = _rewrite_all_gather(graph, node)
-        if matmuls:
+        waits = _rewrite_all_gather(graph, node)
+        if waits:
             result.all_gathers += 1
-            result.gathers_for_matmuls += matmuls
+            result.gathers_for_matmuls += len(waits)
+            result.gathers.extend(waits)
     return result
+
+
+def merge_unfused_gathers(graph: fx.Graph, rewritten: SeqDimCollectives) -> int:
+    """Merge the per-matmul gathers of one shard that AsyncTP did not fuse into the first of them; return how
+    many were merged away. (A fused gather was replaced by AsyncTP and is no longer in the graph.)"""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    by_shard: dict[fx.Node, list[fx.Node]] = {}
+    for wait in rewritten.gathers:
+        if wait in order:
+            by_shard.setdefault(wait.args[0].args[0], []).append(wait)
+    merged = 0
+    for waits in by_shard.values():
+        first, *rest = sorted(waits, key=order.__getitem__)
+        for wait in rest:  # every later gather's readers come after the first gather
+            wait.replace_all_uses_with(first)
+            _erase_dead([wait, wait.args[0]])
+            merged += 1
+    return merged
 
 
 # -- find ------------------------------------------------------------------------------------------------------
@@ -177,35 +199,37 @@ def _rewrite_reduce_scatter(graph: fx.Graph, rs: fx.Node, x: fx.Node, token_dim:
     _erase_dead([wait, rs, rs.args[0]])
 
 
-def _rewrite_all_gather(graph: fx.Graph, ag: fx.Node) -> int:
-    """Gather ``[N / tp, H]`` rows; give each matmul reading the gathered ``[N, H]`` its own gather. Returns how
-    many matmuls now read a gather directly (0: the gather is left as DTensor wrote it)."""
+def _rewrite_all_gather(graph: fx.Graph, ag: fx.Node) -> list[fx.Node]:
+    """Gather ``[N / tp, H]`` rows; give each matmul reading the gathered ``[N, H]`` its own gather. Returns the
+    new gathers' waits (none: the gather is left as DTensor wrote it)."""
     wait = next((u for u in ag.users if u.target is c10d.wait_tensor.default), None)
     if wait is None or len(ag.users) != 1:
-        return 0
+        return []
     shard = ag.args[0]
     val = _val(shard)
     rows, width = math.prod(val.shape[:-1]), _static_width(val, val.dim() - 1)
     if width is None:
-        return 0
+        return []
     full = [rows * ag.args[1], width]
     matmuls = [(mm, view) for view in _reshape_descendants(wait)
                if _same_shape(_val(view).shape, full) for mm in view.users
                if mm.target is aten.mm.default and mm.args[0] is view]
     if not matmuls:
-        return 0
+        return []
     with graph.inserting_before(ag):
         build = GraphBuilder(graph)
         with build.standing_for(ag):
             flat = _as_2d(build, shard, rows, width)
+    waits = []
     for mm, _ in matmuls:
         with graph.inserting_before(mm):
             build = GraphBuilder(graph)
             with build.standing_for(ag):
-                mm.replace_input_with(mm.args[0], build.all_gather(flat, ag.args[1], ag.args[2]))
+                waits.append(build.all_gather(flat, ag.args[1], ag.args[2]))
+                mm.replace_input_with(mm.args[0], waits[-1])
     # Whatever else reads DTensor's gather keeps reading it.
     _erase_dead([view for _, view in matmuls] + [wait, ag])
-    return len(matmuls)
+    return waits
 
 
 def _reshape_descendants(node: fx.Node) -> list[fx.Node]:

@@ -18,7 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from sp_lab.compiler.inspection import graph_snapshot, op_counts, shape_json
 from sp_lab.compiler.passes.async_tp import apply_async_tp
 from sp_lab.compiler.passes.boundary import policy_for
-from sp_lab.compiler.passes.dtensor_collectives import normalise_seq_dim_collectives
+from sp_lab.compiler.passes.dtensor_collectives import merge_unfused_gathers, normalise_seq_dim_collectives
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.report import CountKey, PieceOutput, PieceRecord
 from sp_lab.rules import MatmulRule
@@ -91,6 +91,7 @@ class SpLabPostGradPass(CustomGraphPass):
                 rule=self.rule,
                 default=self.heuristic_default,
             )
+            merge_unfused_gathers(graph, seq_dim)
             decisions = tuple(fusion.candidates)
             matches[CountKey.ASYNC_TP_AG_MM] = fusion.fused("all_gather_matmul")
             matches[CountKey.ASYNC_TP_MM_RS] = fusion.fused("matmul_reduce_scatter")
