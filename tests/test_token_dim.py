@@ -49,8 +49,9 @@ def _tokens(batch: int, seq: int) -> torch.Tensor:
 # -- fake group: op counts and boundary records ---------------------------------------------------------------
 
 # (batch, seq): 2 x 6 = 12 tokens is in the SP range although seq < MIN_TOKENS (ranges count B * S); 2 x 3 = 6 is
-# below it. [1, 12] is the batch-1 layout whose boundary flags read the token dimension.
-FAKE_CALLS = {"sharded": ((2, 6), (2, 3), (1, 12)), "gather": ((2, 6), (1, 12))}
+# below it. [1, 12] is the batch-1 layout whose boundary flags read the token dimension. [8, 1] is one token a
+# sequence, which Dynamo specialises: a static graph of 8 tokens.
+FAKE_CALLS = {"sharded": ((2, 6), (2, 3), (1, 12), (8, 1)), "gather": ((2, 6), (1, 12))}
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +75,13 @@ def fake() -> dict[str, Any]:
     return results
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: _label(*m))
-def test_batched_activations_are_sequence_parallel_and_fuse(fake, mode):
-    got = fake[_label(*mode), 2, 6]
+@pytest.mark.parametrize("case", [(*m, 2, 6) for m in MODES] + [("sharded", "piecewise", 8, 1)],
+                         ids=lambda c: f"{_label(*c[:2])}-{c[2]}x{c[3]}")
+def test_batched_activations_are_sequence_parallel_and_fuse(fake, case):
+    boundary, mode, batch, seq = case
+    got = fake[_label(boundary, mode), batch, seq]
     counts = got["counts"]
-    assert got["shape"] == (2, 6, 64)
+    assert got["shape"] == (batch, seq, 64)
     # 2 layers x (attention wo + FFN w2): the four RowwiseParallel all_reduces, each now a fused mm+RS.
     assert got["rewrites"] == 4
     assert counts["all_reduce"] == 0 and counts["fused_matmul_reduce_scatter"] == 4, counts
@@ -130,9 +133,10 @@ def test_num_tokens_counts_every_token_of_a_batch():
 # (boundary, mode, batch, seq). B = 2 makes B * S a multiple of tp for every S (the pass knows it: no padding);
 # B = 3 leaves it to S (padded to a multiple of tp when odd, in the graph). Every batch size is its own Dynamo
 # graph, so each costs a compile: the sharded boundary gets both, gather (in-piece SP, gathered at boundaries)
-# the padded one, full_graph the other. 'none' fails by design (BoundaryError) and 'gather_erase' equals
+# the padded one, full_graph the other. [8, 1] is the static graph of one token a sequence. 'none' fails by design (BoundaryError) and 'gather_erase' equals
 # 'gather' without an in-place residual: both are on the fake group above.
 NUMERIC_CASES = [("sharded", "piecewise", 2, 6), ("sharded", "piecewise", 2, 7), ("sharded", "piecewise", 3, 5),
+                 ("sharded", "piecewise", 8, 1),
                  ("gather", "piecewise", 3, 4), ("gather", "piecewise", 3, 5),
                  ("sharded", "full_graph", 2, 6), ("sharded", "full_graph", 2, 7)]
 

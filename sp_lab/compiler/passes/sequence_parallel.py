@@ -294,8 +294,11 @@ class _Rewriter:
         x = all_reduce.args[0]
         t = self._tdim(x.meta["val"])
         flat = x
-        if t and x.target in VIEWS and len(x.users) == 1 and self._tdim(x.args[0].meta["val"]) == 0:
-            flat = x.args[0]  # F.linear on [1, N, H]: reduce-scatter the mm's [N, H] output itself
+        if (x.target in VIEWS and len(x.users) == 1 and is_tensor_node(x.args[0])
+                and x.args[0].target in (aten.mm.default, aten.addmm.default) and self._tdim(x.args[0].meta["val"]) == 0):
+            # F.linear on [B, S, H] (or [B, 1, H] at one token a sequence): reduce-scatter the mm's [N, H]
+            # output itself, so that mm -> reduce_scatter is a fusable pair.
+            flat = x.args[0]
         with self.graph.inserting_before(wait), self.b.standing_for(wait):
             if flat.target in (aten.mm.default, aten.addmm.default) and len(flat.users) == 1 and self.needs_pad:
                 # Pad the matmul's rows instead of its output so that mm -> reduce_scatter stays fusable.
@@ -309,7 +312,7 @@ class _Rewriter:
                     flat = self.b.view(flat, [self.tokens, *self._rest(flat, t)])
                 to_scatter = self._padded(flat)
             shard = self.b.reduce_scatter(to_scatter, self.tp, self.group_name)
-            if t:
+            if t or flat is not x:  # back to x's layout: [1.., c, ...] (see the module docstring)
                 shard = self.b.view(shard, [1] * t + [self.chunk, *self._rest(x, t)])
             self.shard[wait] = shard
         self.lineage[wait] = frozenset({index})
