@@ -105,15 +105,17 @@ class CompiledModel:
         dim = self.config.token_dim
         num_tokens = self.config.num_tokens(tokens.shape)  # batch * seq; rejects a token_dim past the rank
         self.config.range_for(num_tokens)  # rejects counts outside [1, max_num_tokens] by name
-        padded = self._graphs.padded(num_tokens)
-        kind = self._graphs.kind(padded)
         batch = num_tokens // tokens.shape[dim]
-        if kind != "none" and batch != 1:
+        if batch != 1 and self.effective.cudagraph_mode != "none":
+            # Refused at every size, not only at capture sizes: a batch that ran without graphs at one size and
+            # failed at the next would be a surprise.
             raise NotImplementedError(
                 f"CUDA graphs are captured per token count of a batch-1 input; this call has shape "
                 f"{tuple(tokens.shape)} (batch {batch}, token_dim={dim}): flatten the batch into the token "
                 "dimension, or set cudagraph_mode='none'"
             )
+        padded = self._graphs.padded(num_tokens)
+        kind = self._graphs.kind(padded)
         # Before Dynamo: a count the model cannot run at would otherwise be traced afresh, then abort in gloo.
         # DTensor shards each sequence of a batch: the requirement is on the sequence length.
         self._even_shards.check(padded // batch)
