@@ -25,6 +25,7 @@ Find, then rewrite. A batch > 1 keeps DTensor's spelling (there the split/cat re
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from sp_lab.compiler.passes.sequence_parallel import VIEWS
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
+log = logging.getLogger(__name__)
 
 __all__ = ["SeqDimCollectives", "merge_unfused_gathers", "normalise_seq_dim_collectives"]
 
@@ -69,6 +71,7 @@ def normalise_seq_dim_collectives(graph: fx.Graph, *, tp_size: int) -> SeqDimCol
                 all_gathers.append(node)
             else:
                 result.skipped.append(f"{node.name}: {reason}")
+                log.debug("DTensor all_gather %s left as written: %s", node.name, reason)
     for node, source, token_dim in reduce_scatters:
         _rewrite_reduce_scatter(graph, node, source, token_dim)
         result.reduce_scatters += 1
