@@ -28,3 +28,15 @@ def test_meta_model_is_inspected_without_codegen_and_reports_like_a_real_compile
     for compiled in (inspected, real):
         tensors = [t for b in compiled.report.range_for(12).boundaries for t in b.tensors]
         assert any(t.sharded_after for t in tensors)
+
+
+def test_one_token_graph_in_an_sp_range_is_sequence_parallel():
+    # Dynamo specialises one token ([1, H]: every size-1 dim "holds the tokens"); SP must still find the rows.
+    with fake_process_group(2):
+        model = sp_lab.models.build("toy", tp_rank=0, tp_size=2)
+        config = sp_lab.LabConfig(tp_size=2, async_tp_min_tokens=1, max_num_tokens=64)
+        compiled = sp_lab.compile(model, config, inspect_only=True)
+        compiled(torch.randint(0, model.spec.vocab_size, (1,)))
+    counts = compiled.report.op_counts(1)
+    assert compiled.report.sp_rewrites(1) == 5 and counts["all_reduce"] == 0, counts
+    assert counts["fused_all_gather_matmul"] == 5 and counts["fused_matmul_reduce_scatter"] == 4, counts

@@ -147,6 +147,12 @@ class _Rewriter:
         if counted is None:
             return False
         self.tokens_val, self.batch = counted
+        if isinstance(self.tokens_val, int):
+            # A static graph (Dynamo specialised the count, e.g. one token): every size is a Python int that
+            # GraphBuilder.sym folds, so nothing is read off a graph input. (Reading it would not work at one
+            # token either: every size-1 dimension then "holds the tokens".)
+            self._set_sizes(self.tokens_val, "tokens")
+            return True
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         # Read the token count off a graph input, so the size arithmetic precedes every rewrite point and
         # adds no user to the nodes being rewritten.
@@ -162,18 +168,23 @@ class _Rewriter:
         with self.graph.inserting_before(anchor.next):
             size = source if dim is None else self.b.size(source, dim)
             size_val = source.meta["val"] if dim is None else source.meta["val"].shape[dim]
-            if self._size_kind(size_val) == "tokens":
-                self.tokens = size
-                self.seq = self.b.sym(operator.floordiv, size, self.batch) if self.batch > 1 else size
-            else:  # the sequence length S of a [B, S, ...] tensor
-                self.seq = size
-                self.tokens = self.b.sym(operator.mul, size, self.batch) if self.batch > 1 else size
-            self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
-            chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
-            self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
-            self.pad = self.b.sym(operator.sub, self.b.sym(operator.mul, self.chunk, self.tp), self.tokens)
-            self.offset = self.b.sym(operator.mul, self.chunk, self.rank)
+            self._set_sizes(size, self._size_kind(size_val))
         return True
+
+    def _set_sizes(self, size: Any, kind: str | None) -> None:
+        """Token count, sequence length, shard size, padding and this rank's offset, from ``size``: all ``N``
+        tokens (``kind == "tokens"``) or one sequence's ``S``. Built at the graph's current insertion point."""
+        if kind == "tokens":
+            self.tokens = size
+            self.seq = self.b.sym(operator.floordiv, size, self.batch) if self.batch > 1 else size
+        else:  # the sequence length S of a [B, S, ...] tensor
+            self.seq = size
+            self.tokens = self.b.sym(operator.mul, size, self.batch) if self.batch > 1 else size
+        self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
+        chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
+        self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
+        self.pad = self.b.sym(operator.sub, self.b.sym(operator.mul, self.chunk, self.tp), self.tokens)
+        self.offset = self.b.sym(operator.mul, self.chunk, self.rank)
 
     def _size_kind(self, size: Any) -> str | None:
         """What a dimension's size is in token terms: all ``N`` tokens, one sequence's ``S``, or neither."""
@@ -186,8 +197,14 @@ class _Rewriter:
     def _tdim(self, val: Any) -> int | None:
         """The last of a value's token-row dimensions: the leading dimensions whose sizes multiply to ``N``
         (``[N, H]``: 0; ``[1, S, H]`` and ``[B, S, H]``: 1). Each must be static or ``S`` or ``N``."""
-        if not isinstance(val, torch.Tensor) or same_size(self.tokens_val, 1):
+        if not isinstance(val, torch.Tensor) or val.dim() == 0:
             return None
+        if same_size(self.tokens_val, 1):
+            # One token (Dynamo specialises it): every size-1 dimension multiplies to N. The rows end where
+            # they would for N > 1: at the model's token_dim, before the last (feature) dimension, and within
+            # the leading size-1 dimensions.
+            ones = next((d for d, size in enumerate(val.shape) if not same_size(size, 1)), val.dim())
+            return min(self.token_dim, max(val.dim() - 2, 0), ones - 1) if ones > 0 else None
         rows: Any = 1
         for d, size in enumerate(val.shape):
             if not isinstance(size, int) and self._size_kind(size) is None:
