@@ -5,7 +5,8 @@ import torch
 import sp_lab
 from sp_lab.distributed.collectives import fake_process_group
 
-SHRUNK_LLAMA = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=8, num_kv_heads=8, vocab_size=256)
+SHRUNK_LLAMA = {"num_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 8, "num_kv_heads": 8,
+                "vocab_size": 256}
 
 
 def _report(device: str, tp: int = 8):
