@@ -15,22 +15,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-# NVLink multicast stays off in NCCL, PyTorch and NVSHMEM, here and in every process started from here.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/sp_lab_inductor}
+source benchmarks/gpu_env.sh  # multicast off, one Inductor cache, the carried wheels
 OUT=${OUT:-out/h200}
 LOGS=$OUT/logs
 mkdir -p "$OUT" "$LOGS"
 export SP_LAB_BENCH_COMMAND="bash benchmarks/h200/run.sh (device tool, nvidia-h200)"
 
-WHEELS=${WHEELS:-.whl}  # polars is not in the GPU image; it travels as wheels
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-        || { echo "run.sh: installing the carried wheels failed" >&2; exit 3; }
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/run.log"
 python3 -c 'import torch, polars; print("torch", torch.__version__, "cuda", torch.version.cuda, "polars", polars.__version__)' \
     | tee -a "$LOGS/run.log"

@@ -11,23 +11,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-# NVLink multicast stays off in NCCL, PyTorch and NVSHMEM, for this process and every one it starts:
-# a program that uses it can take the host's shared GPUs out of service (KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-# One Inductor/Triton cache for every job: the second boundary's baseline and the tuned variant reuse kernels.
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/sp_lab_inductor}
+source benchmarks/gpu_env.sh  # multicast off, one Inductor cache, the carried wheels (fetch_wheels.sh)
 
 OUT=${OUT:-out/multigpu}
 mkdir -p "$OUT"
-
-# Packages the GPU image lacks (polars) travel as wheels in .whl (benchmarks/multigpu/fetch_wheels.sh).
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        || { echo "run.sh: installing the carried wheels failed" >&2; exit 3; }
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 python3 - <<'PY' || { echo "run.sh: a package sp_lab needs is missing: carry .whl (fetch_wheels.sh)" >&2; exit 3; }
 import importlib
