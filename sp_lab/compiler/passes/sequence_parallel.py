@@ -34,6 +34,7 @@ by a later one), ``last`` (joins an earlier residual; only its normed output is 
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,13 +99,6 @@ def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
     )
 
 
-def _numel(sizes) -> Any:
-    total = 1
-    for size in sizes:
-        total = total * size
-    return total
-
-
 class _Rewriter:
     def __init__(self, graph: fx.Graph, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy,
                  token_dim: int = 0):
@@ -135,7 +129,7 @@ class _Rewriter:
             if self.token_dim == 0:
                 return val.shape[0], 1
             return next((d for d in val.shape if not (isinstance(d, int) and d == 1)), val.shape[0]), 1
-        tokens = _numel(val.shape[: first_symbolic + 1])
+        tokens = math.prod(val.shape[: first_symbolic + 1])
         expr = tokens.node.expr
         if len(expr.free_symbols) != 1:
             return None
@@ -278,7 +272,7 @@ class _Rewriter:
             (src,) = [a for a in node.all_input_nodes if a in self.shard]
             t_in, t_out = self._tdim(src.meta["val"]), self._tdim(out)
             return t_in is not None and same_size(
-                _numel(src.meta["val"].shape[t_in + 1:]), _numel(out.shape[t_out + 1:]))
+                math.prod(src.meta["val"].shape[t_in + 1:]), math.prod(out.shape[t_out + 1:]))
         t = self._tdim(out)
         right = out.dim() - t
         for a in node.all_input_nodes:
