@@ -15,6 +15,7 @@ import datetime
 import difflib
 import functools
 import json
+import math
 import re
 import types
 import typing
@@ -250,10 +251,7 @@ class LabConfig:
                 f"token_dim={self.token_dim} but the first argument has shape {tuple(shape)}: set LabConfig.token_dim "
                 "to the dimension that holds the tokens (0 for [N] / [N, H], 1 for [batch, N])"
             )
-        count = 1
-        for size in shape[: self.token_dim + 1]:
-            count = count * size
-        return count
+        return math.prod(shape[: self.token_dim + 1])
 
     def range_for(self, num_tokens: int) -> tuple[int, int]:
         """The compile range ``(lo, hi)`` that serves a call with ``num_tokens`` tokens."""

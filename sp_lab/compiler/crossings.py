@@ -36,9 +36,7 @@ def record_boundaries(
     a token shard: fewer token rows than the call has, whichever dimension holds them (``[1, c, H]`` for
     ``[1, N, H]``). Names come from ``names`` (the model's, identical in every strategy).
     """
-    tokens: Any = 1
-    for size in token_shape:
-        tokens = tokens * size
+    tokens: Any = math.prod(token_shape)
     shard_rows = ((tokens + tp_size - 1) // tp_size, tokens // tp_size)
     index_of = {n: next(p.index for p in split.pieces if p.name == n.target)
                 for n in split.module.graph.nodes if n.op == "call_module"}
