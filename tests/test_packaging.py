@@ -203,7 +203,9 @@ def installed_wheel(tmp_path_factory) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
          str(wheel)],
-        check=True, capture_output=True, text=True,
+        # without PYTHONPATH: a checkout on it with an egg-info (left by an editable install) reads as sp_lab
+        # already installed, and pip would skip the wheel
+        check=True, capture_output=True, text=True, env=_outside_env(),
     )
     return python
 
