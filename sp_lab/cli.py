@@ -28,18 +28,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS
 from sp_lab.vocabulary import (
     DEFAULT_OUT,
     DEFAULT_REPORT,
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    REFERENCE_VARIANTS,
     SETUP_COLUMNS,
     SOURCES,
     TUNABLE_SOURCES,
     TUNED,
-    VARIANTS,
 )
 
 if TYPE_CHECKING:
@@ -336,7 +335,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sp_lab.viz.report import ReportOverwriteError, write_report
+    from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _filter_rows(_load_rows(args.store, skip_corrupt=args.skip_corrupt), args)
     rec = None
@@ -392,7 +391,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not _is_rank0():
         return 0
     from sp_lab.tuning.export import export_config
-    from sp_lab.viz.report import ReportOverwriteError, write_report
+    from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _one_group(_one_source(_load_rows(store), MEASURED))
     path = export_config(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",

@@ -17,13 +17,7 @@ SP_ASYNC_TP = "sp+async_tp"
 TUNED = "tuned"
 """The given (tuned) config as is: whatever its gates choose at each token count."""
 
-REFERENCE_VARIANTS = (BASELINE, SP, SP_ASYNC_TP)
-"""The programs a policy chooses among at a token count, from least to most rewriting."""
-VARIANTS = (*REFERENCE_VARIANTS, TUNED)
-"""Every variant a sweep measures."""
-
-REWRITE_LEVEL = {BASELINE: 0, SP: 1, SP_ASYNC_TP: 2}
-"""How much of the graph a variant rewrites: among choices the data cannot tell apart, less is preferred."""
+# Which passes each variant runs, and the variants' order, are sp_lab.programs.PROGRAMS (one table).
 
 # ---------------------------------------------------------------------------------------------- sources
 MEASURED = "measured"

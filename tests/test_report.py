@@ -138,7 +138,7 @@ def test_records_are_frozen_and_the_report_reads_without_torch():
         record.index = 3
     code = ("import sys; from sp_lab.compiler.report import CompileReport; "
             f"r = CompileReport.load({str(REAL_V1)!r}); r.op_counts(12); "
-            "import sp_lab.viz.graph; assert 'torch' not in sys.modules, 'torch was imported'")
+            "import sp_lab.viz.explorer; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -20,7 +20,8 @@ import pytest
 go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
 
 from sp_lab.compiler.report import CompileReport
-from sp_lab.viz import dag_layout, graph
+from sp_lab.viz import dag_layout
+from sp_lab.viz import explorer as graph
 from sp_lab.viz.piece_graph import is_folded
 
 DATA = Path(__file__).parent / "data" / "explorer"

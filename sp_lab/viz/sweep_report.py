@@ -117,7 +117,7 @@ def write_report(
     title = f"Forward latency vs tokens (source: {', '.join(sources)})"
     figures = [plot_latency(rows, config=shown, title=title)]
     if compile_report is not None:
-        from sp_lab.viz.graph import load_report, plot_overview
+        from sp_lab.viz.explorer import load_report, plot_overview
 
         figures.append(plot_overview(load_report(compile_report)))
     divs = [f.to_html(full_html=False, include_plotlyjs=include_plotlyjs if i == 0 else False)
