@@ -28,18 +28,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS
 from sp_lab.vocabulary import (
     DEFAULT_OUT,
     DEFAULT_REPORT,
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    REFERENCE_VARIANTS,
     SETUP_COLUMNS,
     SOURCES,
     TUNABLE_SOURCES,
     TUNED,
-    VARIANTS,
 )
 
 if TYPE_CHECKING:

@@ -32,6 +32,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from sp_lab.programs import VARIANTS
 from sp_lab.tuning.regret import REGRET_COLUMNS, regret_table
 from sp_lab.vocabulary import (
     BASELINE,
@@ -42,7 +43,6 @@ from sp_lab.vocabulary import (
     SP,
     SP_ASYNC_TP,
     TUNED,
-    VARIANTS,
 )
 
 if TYPE_CHECKING:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from sp_lab.programs import REFERENCE_VARIANTS
 from sp_lab.tuning.export import data_hash, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
 from sp_lab.tuning.regret import regret_table
@@ -43,7 +44,6 @@ from sp_lab.vocabulary import (
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    REFERENCE_VARIANTS,
     SIMULATED,
     SP,
     SP_ASYNC_TP,
