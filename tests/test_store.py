@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import polars as pl
@@ -247,6 +248,38 @@ def test_the_claim_of_a_killed_process_is_taken_over(tmp_path):
         holder.kill()
         holder.wait(timeout=10)
         holder.stdout.close()
+
+
+def test_a_point_measured_between_listing_and_claiming_is_not_measured_again(tmp_path):
+    """The race the re-check after a claim closes: sweep A lists the store (the point has no row), sweep B claims
+    the point, appends its row and lets the claim go, and only then A claims. A must see B's row and give up."""
+    store = SweepStore(tmp_path / "store")
+    key = tuple(make_row(8)[c] for c in KEY_COLUMNS)
+    seen, done = set(store.parts()), store.done_keys(source="measured")  # A's listing: nothing measured yet
+    assert key not in done
+    listed, measured, b_got = threading.Event(), threading.Event(), []
+
+    def sweep_b() -> None:  # another sweep of the same store (its own open file, so its own flock)
+        listed.wait(30)
+        other = SweepStore(tmp_path / "store")
+        claim = other.claim(key)
+        b_got.append(claim is not None)
+        other.append([make_row(8, sweep_id="b")])
+        claim.release()  # after the row is on disk, as a sweep does
+        measured.set()
+
+    b = threading.Thread(target=sweep_b)
+    b.start()
+    listed.set()
+    assert measured.wait(30) and b_got == [True]
+    b.join(timeout=30)
+    claims = store.claim_points({"sp": key}, seen, done)
+    assert claims == {}, "A claimed a point B measured after A listed the store: it would be measured twice"
+    assert key in done
+    again = store.claim(key)  # A let its claim go: nothing holds the point
+    assert again is not None
+    again.release()
+    assert store.read().height == 1
 
 
 def test_a_plan_is_recorded_read_and_forgotten(tmp_path):

@@ -427,20 +427,19 @@ def test_emit_trace_warns_on_incompatible_torch(monkeypatch, reports):
 # ------------------------------------------------------------------------------------------ widget
 
 def test_explorer_widget_click_through(reports):
-    from plotly.callbacks import InputDeviceState, Points
-
     from sp_lab.widgets.explorer import explore
 
     ex = explore(_path("llama", "gather"))
     assert ex.piece_select.value == 0 and ex.piece_figure.layout.title.text.startswith("submod_0")
-    # A click on "piece 4" in the overview, delivered the way plotly's FigureWidget delivers it.
-    (pieces,) = [t for t in ex.overview_figure.data if t.meta == "pieces"]
-    index = list(pieces.customdata).index("piece:4")
-    pieces._dispatch_on_click(Points(point_inds=[index], xs=[pieces.x[index]], ys=[pieces.y[index]],
-                                     trace_name=pieces.name, trace_index=0), InputDeviceState())
+    # A click on "piece 4" in the overview, as the browser sends it: the message of the overview's view.
+    (trace,) = [i for i, t in enumerate(ex.overview_figure.data) if t.meta == "pieces"]
+    index = list(ex.overview_figure.data[trace].customdata).index("piece:4")
+    ex.overview_view._on_front_end_message(ex.overview_view, {"event": "click", "points": [
+        {"curve": trace, "index": index, "customdata": "piece:4"}]}, [])
     assert ex.piece_select.value == 4 and ex.piece_figure.layout.title.text.startswith("submod_4")
     # A click on a boundary tensor lists its producers and consumers.
-    ex.select("tensor:0:3")
+    (tensors, *_) = [i for i, t in enumerate(ex.overview_figure.data) if t.meta == "tensors" and t.customdata]
+    ex.overview_view.click(tensors, 0)
     assert ex.links is not None and ex.links.producers and "produced by" in ex.links_view.value
     ex.select("piece:1")  # the attention op: nothing to open, said so
     assert "eagerly" in ex.links_view.value and ex.piece_select.value == 4
