@@ -433,18 +433,15 @@ def test_emit_trace_warns_on_incompatible_torch(monkeypatch, reports):
 # ------------------------------------------------------------------------------------------ widget
 
 def test_explorer_widget_click_through(reports):
-    from plotly.callbacks import InputDeviceState, Points
-
     from sp_lab.widgets.explorer import explore
 
     def click(key: str) -> None:
-        """A click on the overview item ``key``, delivered the way plotly's FigureWidget delivers a browser click
-        (to the callbacks registered on the trace that drew the item)."""
+        """A click on the overview item ``key``, as the browser sends it: the message of the overview's view."""
         fig = ex.overview_figure
-        (i, trace), = [(i, t) for i, t in enumerate(fig.data) if t.customdata is not None and key in t.customdata]
-        index = list(trace.customdata).index(key)
-        trace._dispatch_on_click(Points(point_inds=[index], xs=[trace.x[index]], ys=[trace.y[index]],
-                                        trace_name=trace.name, trace_index=i), InputDeviceState())
+        (trace,) = [i for i, t in enumerate(fig.data) if t.customdata is not None and key in list(t.customdata)]
+        index = list(fig.data[trace].customdata).index(key)
+        ex.overview_view._on_front_end_message(ex.overview_view, {"event": "click", "points": [
+            {"curve": trace, "index": index, "customdata": key}]}, [])
 
     ex = explore(_path("llama", "gather"))
     assert ex.piece_select.value == 0 and ex.piece_figure.layout.title.text.startswith("submod_0")

@@ -8,9 +8,9 @@ Two layers, so that everything but the drawing is testable without a browser:
   the one regret), the recommendation with its confidence (:func:`sp_lab.tuning.policy.recommend`),
   vLLM's reference threshold, the tuned :class:`~sp_lab.config.LabConfig` and its export
   (:func:`sp_lab.tuning.export.export_config`). It owns no latency logic of its own.
-- :class:`Tuner` is the ipywidgets view: controls, a plotly ``FigureWidget`` refreshed with
-  :func:`sp_lab.viz.latency.update_latency_figure` as each row arrives, the policy and threshold
-  controls, the regret table and an Export button.
+- :class:`Tuner` is the ipywidgets view: controls, the latency figure redrawn (a
+  :class:`~sp_lab.viz.live_figure.LiveFigure`, which every view draws whatever its timing) as each row
+  arrives, the policy and threshold controls, the regret table and an Export button.
 
 Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
@@ -51,6 +51,8 @@ from sp_lab.vocabulary import (
 )
 
 if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
     from sp_lab.bench.sweep import SweepResult
     from sp_lab.config import LabConfig
 
@@ -297,7 +299,8 @@ class TunerState:
 class Tuner:
     """The widget: setup controls, live latency plot with progress, policy and threshold, regret, Export.
 
-    ``state`` (:class:`TunerState`) holds the data; ``figure`` is the plotly ``FigureWidget``.
+    ``state`` (:class:`TunerState`) holds the data; ``plot`` is the live figure widget and ``figure`` the
+    ``go.Figure`` it shows now.
     Display it as the last expression of a cell (or ``display(tuner)``).
     """
 
@@ -305,7 +308,7 @@ class Tuner:
         import ipywidgets as w
 
         from sp_lab.models.registry import available
-        from sp_lab.viz.latency import plot_latency
+        from sp_lab.viz.live_figure import LiveFigure
 
         self.state = state
         self._thread: threading.Thread | None = None
@@ -326,8 +329,7 @@ class Tuner:
         self.export_button = w.Button(description="Export config", icon="download")
         self.status = w.HTML()
         self.regret_html = w.HTML()
-        self.figure = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
-                                   widget=True, title=self._title())
+        self.plot = LiveFigure()
         self.run_button.on_click(lambda _b: self.start_sweep())
         self.replay_button.on_click(lambda _b: self.replay())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
@@ -338,8 +340,13 @@ class Tuner:
                         w.VBox([self.run_button, self.replay_button, self.progress])])
         tuning = w.HBox([self.shape, self.slider, self.recommend_button])
         export = w.HBox([self.export_dir, self.export_button])
-        self.widget = w.VBox([setup, self.figure, tuning, self.regret_html, export, self.status])
+        self.widget = w.VBox([setup, self.plot, tuning, self.regret_html, export, self.status])
         self.redraw()
+
+    @property
+    def figure(self) -> go.Figure:
+        """The latency figure shown now (what every view of :attr:`plot` draws)."""
+        return self.plot.current
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -461,16 +468,17 @@ class Tuner:
 
     def redraw(self) -> None:
         """Refresh plot, progress, recommendation and regret table from :attr:`state`."""
-        from sp_lab.viz.latency import update_latency_figure
+        from sp_lab.viz.latency import plot_latency
 
         state = self.state
         rec = state.recommendation()
-        update_latency_figure(self.figure, state.snapshot(), config=state.tuned_config(),
-                              vllm_min_tokens=self._vllm(), title=self._title())
+        fig = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
+                           title=self._title())
         if rec is not None and rec.policy != state.policy():
             for t in rec.policy.thresholds:
-                self.figure.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
+                fig.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
                                       name="recommended", line={"color": "#2ca02c", "dash": "dashdot", "width": 1.5})
+        self.plot.show(fig)
         self.progress.value = min(state.done, self.progress.max)
         self.progress.description = f"{state.done} / {state.total}" if state.running or state.done else ""
         self.regret_html.value = self._regret_html(rec)
