@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sp_lab.config import BoundaryStrategy
 from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS
 from sp_lab.vocabulary import (
     DEFAULT_OUT,
@@ -94,7 +95,8 @@ def _add_measure_args(p: argparse.ArgumentParser, *, budget: float | None = None
                    help=f"token counts, comma-separated (default {DEFAULT_TOKENS})")
     p.add_argument("--num-layers", type=_positive_int, default=None, help="keep only this many layers")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
-    p.add_argument("--boundary", default=None, help="boundary strategy: none, gather_erase, gather, sharded")
+    p.add_argument("--boundary", default=None, choices=[b.value for b in BoundaryStrategy],
+                   help=f"boundary strategy: {BoundaryStrategy.names()}")
     p.add_argument("--config", type=Path, default=None, help="base LabConfig JSON (default: LabConfig())")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per point (default 3)")
     p.add_argument("--repeats", type=_positive_int, default=10, help="least timed calls per point (default 10)")
