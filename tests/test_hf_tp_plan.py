@@ -13,12 +13,16 @@ and compared with transformers' unsharded logits:
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 
 import sp_lab
@@ -84,14 +88,23 @@ def _worker(path: str) -> dict[str, Any]:
     return results
 
 
+def _saved_tiny_llama() -> tuple[str]:
+    """The tiny Llama written as an HF checkpoint (a temporary directory removed when the tests end)."""
+    path = tempfile.mkdtemp(prefix="tiny_llama_")
+    atexit.register(shutil.rmtree, path, True)
+    _tiny_llama().save_pretrained(path)
+    return (path,)
+
+
+rank_checks.register(__name__, _worker, prepare=_saved_tiny_llama, timeout=900.0)
+
+
 @pytest.fixture(scope="module")
-def hf(tmp_path_factory) -> tuple[dict[int, torch.Tensor], list[dict[str, Any]]]:
-    model = _tiny_llama()
-    path = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(path)
+def hf(gloo_checks) -> tuple[dict[int, torch.Tensor], list[dict[str, Any]]]:
+    model = _tiny_llama()  # seeded: the weights the ranks loaded from the checkpoint
     with torch.no_grad():
         expected = {n: model(_ids(n)).logits for n in COUNTS}
-    return expected, sp_lab.launch(_worker, str(path), world_size=TP, timeout=900.0)
+    return expected, rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("label", [c[0] for c in CASES])
