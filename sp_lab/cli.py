@@ -183,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="h200", help="h100, h100-hbm2e, h100-pcie, h200, h800 or b200 (default h200)")
     p.add_argument("--dtype", default="bfloat16", help="matmul dtype (bfloat16; float8 once FP8 tables ship)")
     p.add_argument("--tokens", type=_token_list, default=None, help="comma-separated token counts for the curves")
+    p.add_argument("--rule", type=Path, default=None, help="a per-matmul rule JSON for the 'tuned' curve "
+                   "(default: the rule the model implies)")
     p.add_argument("--validate", action="store_true", help="print the model against published multi-GPU figures")
     p.add_argument("--write", type=Path, default=None, help="with --validate: also write the page (docs/predictions.md)")
     p.add_argument("--export-predicted", type=Path, default=None, metavar="DIR",
@@ -447,7 +449,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"wrote {args.write}")
         return 0
     try:
-        kwargs = {"tokens": args.tokens} if args.tokens else {}
+        kwargs: dict[str, Any] = {"tokens": args.tokens} if args.tokens else {}
+        if args.rule is not None:
+            from sp_lab.rules import MatmulRule
+
+            kwargs["rule"] = MatmulRule.from_json(args.rule)
         prediction = advice.predict(args.model, args.tp, args.gpu, dtype=args.dtype, **kwargs)
     except ValueError as e:
         raise CliError(str(e)) from e
