@@ -24,8 +24,9 @@ from torch._inductor.decomposition import select_decomp_table
 
 from sp_lab.compiler.inspection import op_counts
 from sp_lab.compiler.passes.async_tp import apply_async_tp
-from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.boundary import BoundaryPolicy
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
+from sp_lab.config import BoundaryStrategy
 from sp_lab.distributed.collectives import fake_process_group
 from sp_lab.rules import Leaf, MatmulRule, Split
 
@@ -70,7 +71,8 @@ def capture(fn: Callable, transform: Callable[[fx.Graph], Any], *args: torch.Ten
 
 
 def sequence_parallel(graph: fx.Graph):
-    return apply_sequence_parallel(graph, tp_size=TP, rank=0, group_name=None, policy=policy_for("whole_graph"))
+    return apply_sequence_parallel(graph, tp_size=TP, rank=0, group_name=None,
+                                   policy=BoundaryPolicy(BoundaryStrategy.SHARDED))
 
 
 def async_tp(graph: fx.Graph, *, rule: MatmulRule | None = None, default: str = "fuse", m_low: int = 8):
@@ -259,6 +261,16 @@ def test_unsure_rule_answers_take_heuristic_default(group):
     assert seen["after"]["fused_all_gather_matmul"] == 0 and seen["after"]["all_gather"] == 1
 
 
+@pytest.mark.parametrize("strategy", list(BoundaryStrategy), ids=str)
+def test_each_boundary_strategy_hands_the_graph_output_over_as_documented(group, strategy):
+    # The residual graph's output is token-sharded after SP: "none" lets the shard leave (the failure it exists to
+    # show), every other strategy gathers it back to all 6 tokens.
+    args = [torch.randn(6, HIDDEN)] + [torch.randn(HIDDEN, HIDDEN) for _ in range(2)] + [torch.randn(HIDDEN)] * 2
+    seen = capture(residual_blocks, lambda g: apply_sequence_parallel(
+        g, tp_size=TP, rank=0, group_name=None, policy=BoundaryPolicy(strategy)), *args)
+    assert seen["out"].shape == ((3, HIDDEN) if strategy == "none" else (6, HIDDEN))
+
+
 # -- numerics on 2 gloo ranks: every rank's own shard ----------------------------------------------------------
 #
 # The fake group above answers every collective with rank 0's view, so a pass that took rank 0's rows on every
@@ -285,7 +297,7 @@ def _pass_numerics_worker() -> dict[str, dict[str, Any]]:
 
     def sp(graph: fx.Graph):
         return apply_sequence_parallel(graph, tp_size=TP, rank=rank, group_name=group_name,
-                                       policy=policy_for("whole_graph"))
+                                       policy=BoundaryPolicy(BoundaryStrategy.SHARDED))
 
     transforms = {"sp": sp, "sp+async_tp": lambda g: (sp(g), async_tp(g, m_low=1))[1]}
     results = {}

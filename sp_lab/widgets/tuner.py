@@ -16,7 +16,9 @@ Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
 recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data
-(``source="simulated"``, labelled so everywhere).
+(``source="simulated"``, labelled so everywhere). Separately, :meth:`Tuner.overlay_prediction` draws the
+performance model's curves for a chosen preset and GPU beside the rows (dashed, "predicted" legend group),
+never mixed into the rows, the regret or the recommendation.
 
     import sp_lab
     tuner = sp_lab.tune("toy", tp=2, token_counts=[3, 16, 64])
@@ -116,6 +118,8 @@ class TunerState:
     """A live sweep is in progress."""
     done: int = 0
     """Points measured by the current live sweep."""
+    predicted: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
+    """Predicted curves drawn beside the rows (``source="predicted"``); never in the regret or recommendation."""
 
     def __post_init__(self) -> None:
         if self.config is None:
@@ -182,6 +186,18 @@ class TunerState:
         self.set_rows(rows)
         self.use_recommended()
         return f"replayed {what}; source={self.source!r}"
+
+    def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> str:
+        """Draw the performance model's curves for ``model`` on ``tp`` x ``gpu`` beside the rows (``None``-like
+        ``model=""`` clears them). They stay in :attr:`predicted`, apart from :attr:`rows`."""
+        if not model:
+            self.predicted = pl.DataFrame()
+            return "predicted overlay cleared"
+        from sp_lab.tuning.predict.advice import predict
+
+        p = predict(model, tp, gpu, tokens=sorted(set(self.token_counts) | {1024, 4096, 16384}))
+        self.predicted = p.rows
+        return f"predicted overlay: {model}, {tp}x {p.target.gpu.label} (crossover {p.async_tp.describe()})"
 
     # ------------------------------------------------------------------ live sweep
     def run_sweep(self, on_row: Callable[[Mapping[str, Any]], None] | None = None, *,
@@ -457,6 +473,14 @@ class Tuner:
         self.redraw()
         self._say(message)
 
+    def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> None:
+        """Overlay predicted curves for ``model`` on ``tp`` x ``gpu`` (``model=""`` clears them) and redraw."""
+        try:
+            self._say(self.state.overlay_prediction(model, gpu, tp))
+        except ValueError as e:
+            self._say(str(e), error=True)
+        self.redraw()
+
     def set_threshold(self, value: int | str | None) -> None:
         """Move the threshold (the slider calls this; ``"never"`` or ``None``): redraw curve and regret."""
         self.state.threshold = None if value in (None, NEVER) else int(value)
@@ -525,6 +549,10 @@ class Tuner:
             for t in rec.policy.thresholds:
                 fig.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
                                       name="recommended", line={"color": "#2ca02c", "dash": "dashdot", "width": 1.5})
+        if state.predicted.height:  # drawn apart (dashed, own legend group), not part of the regret above
+            from sp_lab.viz.predicted import add_predicted_curves
+
+            add_predicted_curves(fig, state.predicted)
         self.plot.show(fig)
         self.progress.value = min(state.done, self.progress.max)
         self.progress.description = f"{state.done} / {state.total}" if state.running or state.done else ""

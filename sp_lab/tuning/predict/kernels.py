@@ -35,6 +35,8 @@ SINGLE_GPU_JSON = h200_file("matmul_single_gpu.json")
 """``mm``, ``mm_chunked`` and ``fused_ws1`` rows, written by benchmarks/bench_matmul_h200.py on the H200."""
 SYMM_MEM_WS1_JSON = h200_file("symm_mem_ws1.json")
 """The fused ops on a one-rank group, eager and under CUDA graphs (host cost of an eager fused call)."""
+ATTENTION_JSON = h200_file("attention.json")
+"""``sp_lab::attention`` (causal, one sequence), Llama-3-8B heads: 32 query heads of 128, CUDA-graph replay."""
 MEASURED_ON = "h200"
 """The GPU the shipped tables were measured on (key in hardware.json)."""
 
@@ -42,19 +44,24 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8": 1, "float32": 4}
 """Bytes per element of the dtypes a prediction can be asked for."""
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Element size of ``dtype``; ``ValueError`` naming the supported dtypes otherwise."""
+def canonical_dtype(dtype: str) -> str:
+    """``"bfloat16"``, ``"float8"`` (any float8 variant), ...; ``ValueError`` naming the supported dtypes."""
     key = str(dtype).removeprefix("torch.")
     key = "float8" if key.startswith("float8") else key
     if key not in DTYPE_BYTES:
         raise ValueError(f"unsupported dtype {dtype!r}; supported: {sorted(DTYPE_BYTES)}")
-    return DTYPE_BYTES[key]
+    return key
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Element size of ``dtype``."""
+    return DTYPE_BYTES[canonical_dtype(dtype)]
 
 
 def _interp_loglog(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
     """Piecewise-linear interpolation in (log2 x, log2 y); flat below the smallest x (latency-bound),
     proportional to x above the largest (compute-bound)."""
-    order = np.argsort(xs)
+    order = np.argsort(xs, kind="stable")
     xs, ys = xs[order], ys[order]
     if x <= xs[0]:
         return float(ys[0])
@@ -156,6 +163,10 @@ class MatmulTable:
             raise ValueError("MatmulTable.from_files needs at least one file")
         rows = pl.concat(frames, how="diagonal_relaxed")
         prov["device"] = ", ".join(sorted(set(rows["device_name"].unique())))
+        # A point measured in several files (the chunking table repeats the bench's tp 8 shapes) is their
+        # median: one value per point, whatever order the files were read in.
+        key = ["m", "n", "k", "variant", "chunks", "dtype"]
+        rows = (rows.group_by(key).agg(pl.col("us").median(), pl.exclude(*key, "us").first()).sort(key))
         return cls(rows, prov)
 
     @classmethod
@@ -195,7 +206,7 @@ def _load_table_file(path: Path) -> tuple[pl.DataFrame, dict]:
     df = pl.DataFrame(out, schema={"m": pl.Int64, "n": pl.Int64, "k": pl.Int64, "variant": pl.Utf8,
                                    "chunks": pl.Int64, "us": pl.Float64})
     # Duplicate (shape, M) points from several files or models average out.
-    df = df.group_by("m", "n", "k", "variant", "chunks").agg(pl.col("us").median())
+    df = df.group_by("m", "n", "k", "variant", "chunks").agg(pl.col("us").median()).sort("m", "n", "k", "variant", "chunks")
     return df.with_columns(device_name=pl.lit(device), torch_version=pl.lit(torch_version), dtype=pl.lit(dtype),
                            source=pl.lit(MEASURED), file=pl.lit(path.name)), meta
 
@@ -330,15 +341,19 @@ class KernelModel:
     """(N, K) shapes that came from the roofline fit, not a measurement (shown in every prediction)."""
 
     def __post_init__(self) -> None:
-        key = "float8" if self.dtype.startswith("float8") else self.dtype.removeprefix("torch.")
+        key = canonical_dtype(self.dtype)
         if key not in self.table.dtypes():
             raise ValueError(
                 f"no measured {key} matmul table (have {self.table.dtypes()}): the model predicts from measured "
                 "single-GPU tables only; FP8 predictions need the H200 FP8 tables"
             )
         self.dtype = key
-        self.roofline = _roofline(self.table)
-        self.staging = {side: _staging(self.table, side) for side in ("ag", "rs")}
+        # fitted once per table (a grid search over its rows), kept on the table
+        fits = self.table.__dict__.setdefault("_fits", {})
+        if "roofline" not in fits:
+            fits["roofline"] = fit_roofline(self.table)
+            fits["staging"] = {side: fit_staging(self.table, side) for side in ("ag", "rs")}
+        self.roofline, self.staging = fits["roofline"], fits["staging"]
         self.measured_on = gpu(MEASURED_ON)
 
     @property
@@ -394,6 +409,16 @@ class KernelModel:
         the measured matmuls found, scaled to the target."""
         return self._scale(nbytes / (self.roofline.hbm_gbps * 1e3), 1.0)
 
+    def attention_us(self, tokens: int, q_heads: int, head_dim: int) -> float:
+        """Causal attention of one ``tokens``-long sequence with ``q_heads`` query heads on this rank.
+
+        From the H200 ``sp_lab::attention`` rows (32 heads of 128), in proportion to ``q_heads * head_dim``,
+        never below the table's smallest time (launch-bound); scaled as compute-bound to the target.
+        """
+        xs, ys = _attention_points()
+        us = _interp_loglog(float(tokens), xs, ys) * q_heads * head_dim / (32 * 128)
+        return self._scale(max(us, float(ys.min())), 0.0)
+
     def contention(self, m: int, n: int, k: int, copy_gbps: float) -> float:
         """How much slower a chunk matmul runs while copies stream at ``copy_gbps`` through this GPU.
 
@@ -406,20 +431,9 @@ class KernelModel:
 
 
 @cache
-def _roofline_cached(key: int) -> RooflineMatmul:
-    return fit_roofline(_TABLES[key])
-
-
-_TABLES: dict[int, MatmulTable] = {}
-
-
-def _roofline(table: MatmulTable) -> RooflineMatmul:
-    _TABLES[id(table)] = table
-    return _roofline_cached(id(table))
-
-
-def _staging(table: MatmulTable, side: str) -> StagingFit:
-    return fit_staging(table, side)
+def _attention_points() -> tuple[np.ndarray, np.ndarray]:
+    rows = json.loads(ATTENTION_JSON.read_text())["rows"]
+    return (np.array([float(r["num_tokens"]) for r in rows]), np.array([1000.0 * r["sp_lab_ms"] for r in rows]))
 
 
 @cache

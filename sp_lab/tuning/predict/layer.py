@@ -8,7 +8,8 @@ embeddings and the LM head are left out (the same in every variant):
 - ``sp+async_tp``: each matmul fused with its collective: its chunk pipeline
   (:func:`~sp_lab.tuning.predict.pipeline.run_pipeline`: fill, contention, drain) plus the fused op's own
   cost measured on one H200 (:meth:`~sp_lab.tuning.predict.kernels.KernelModel.fused_overhead_us`);
-- ``tuned``: as ``sp``, each matmul fused or not by a :class:`~sp_lab.rules.MatmulRule`.
+- ``tuned``: as ``sp``, each matmul fused or not by a :class:`~sp_lab.rules.MatmulRule`, or, with
+  ``rule="predicted"``, by the model itself (fused exactly where its fused time is the smaller).
 
 ``timing="graph"`` predicts device time (CUDA-graph replay: how sp_lab and vLLM serve); ``"eager"`` adds the
 host floor of each call measured on the H200 (an eager fused op costs ~0.2-0.33 ms of host time), for
@@ -27,7 +28,13 @@ import polars as pl
 from sp_lab.resources import load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
 from sp_lab.tuning.predict.hardware import Gpu, Interconnect, gpu
-from sp_lab.tuning.predict.kernels import KernelModel, MatmulTable, default_table, host_cost_us
+from sp_lab.tuning.predict.kernels import (
+    KernelModel,
+    MatmulTable,
+    canonical_dtype,
+    default_table,
+    host_cost_us,
+)
 from sp_lab.tuning.predict.pipeline import PipelineTiming, run_pipeline
 from sp_lab.vocabulary import BASELINE, PREDICTED, SP, SP_ASYNC_TP, TUNED
 
@@ -35,6 +42,8 @@ if TYPE_CHECKING:
     from sp_lab.rules import MatmulRule
     from sp_lab.tuning.microbench import ModelDescription
 
+PREDICTED_RULE = "predicted"
+"""``rule=`` value for the per-matmul rule the model implies: fuse a matmul where its fused time is smaller."""
 TIMINGS = ("graph", "eager")
 """How the predicted latency is timed: device time under CUDA graphs, or eager calls with their host cost."""
 
@@ -93,7 +102,7 @@ class Target:
         g = gpu_name if isinstance(gpu_name, Gpu) else gpu(gpu_name)
         if timing not in TIMINGS:
             raise ValueError(f"unknown timing {timing!r}; expected one of {TIMINGS}")
-        return cls(gpu=g, interconnect=interconnect or g.interconnect, dtype=dtype, timing=timing,
+        return cls(gpu=g, interconnect=interconnect or g.interconnect, dtype=canonical_dtype(dtype), timing=timing,
                    contention_scale=contention_scale)
 
     def replace(self, **changes: object) -> Target:
@@ -147,20 +156,29 @@ def predict_layers(
     target: Target | str = "h200",
     *,
     num_layers: int | None = None,
-    rule: MatmulRule | None = None,
+    rule: MatmulRule | str | None = None,
     table: MatmulTable | None = None,
+    full_layer: bool = False,
 ) -> pl.DataFrame:
-    """Predicted latency of ``num_layers`` decoder layers (attention excluded) per variant and token count.
+    """Predicted latency of ``num_layers`` decoder layers per variant and token count.
+
+    ``full_layer=True`` adds what is the same in every variant: each rank's causal attention over one sequence
+    of the step's tokens (from the H200 attention table) and the SiLU-and-multiply pass of the MLP; by default
+    only what the variants change is predicted. Embeddings and the LM head are never included.
 
     Returns sweep-store columns: ``num_tokens, variant, latency_us, matmul_us, comm_us, norm_us, n_fused,
     fusion_fired, fusion_missing, model, tp, num_layers, hidden_size, dtype, device_name, device_count, gpu,
     interconnect, source="predicted", timing_method, estimated_shapes, note``.
     """
     target = Target.of(target) if isinstance(target, str) else target
+    if isinstance(rule, str) and rule != PREDICTED_RULE:
+        raise ValueError(f"rule must be a MatmulRule or {PREDICTED_RULE!r}, got {rule!r}")
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     kernels = KernelModel(table or default_table(), target.gpu, target.dtype)
-    hidden = _spec_dims(spec)["hidden_size"]
+    dims = _spec_dims(spec)
+    hidden = dims["hidden_size"]
+    q_heads = max(1, dims["num_heads"] // tp)
     layers = num_layers or num_layers_of(spec)
     shapes = tp_matmul_shapes(spec, tp)
     ic = target.interconnect
@@ -173,8 +191,13 @@ def predict_layers(
         eager_mm = host_cost_us()["mm"] if target.timing == "eager" else 0.0
         plain = sum(max(kernels.mm_us(t, s.n, s.k), eager_mm) for s in shapes)
         norm_bytes = 4 * hidden * 2  # fused add + RMSNorm: read x and residual, write both, per token
+        # same in every variant: attention, and SiLU(gate) * up reading 2 I / tp and writing I / tp per token
+        act = kernels.elementwise_us(t * 3 * dims["intermediate_size"] // tp * 2)
+        attn = kernels.attention_us(t, q_heads, dims["head_dim"]) + act if full_layer else 0.0
         choices: dict[str, list[bool] | None] = {BASELINE: None, SP: [False] * 4, SP_ASYNC_TP: [True] * 4}
-        if rule is not None:
+        if rule == PREDICTED_RULE:
+            choices[TUNED] = [p.fused_us < p.unfused_us for p in pairs]
+        elif rule is not None:
             choices[TUNED] = [rule.decide(m, s.n, s.k, tp) == "fuse" for s in shapes]
         for variant, fuse in choices.items():
             if fuse is None:
@@ -186,8 +209,9 @@ def predict_layers(
                 comm = sum(p.comm_us for p, f in zip(pairs, fuse, strict=True) if not f)
                 norm = 2 * kernels.elementwise_us(m // tp * norm_bytes)
             n_fused = sum(fuse or [])
-            rows.append({"num_tokens": t, "variant": variant, "latency_us": layers * (matmul + comm + norm),
+            rows.append({"num_tokens": t, "variant": variant, "latency_us": layers * (matmul + comm + norm + attn),
                          "matmul_us": layers * matmul, "comm_us": layers * comm, "norm_us": layers * norm,
+                         "same_in_all_us": layers * attn,
                          "n_fused": n_fused * layers, "fusion_fired": n_fused > 0, "fusion_missing": False})
     estimated = ", ".join(f"{n}x{k}" for n, k in sorted(kernels.estimated)) or "none"
     return pl.DataFrame(rows).with_columns(
@@ -196,6 +220,7 @@ def predict_layers(
         device_count=pl.lit(tp), gpu=pl.lit(target.gpu.name), interconnect=pl.lit(ic.name),
         source=pl.lit(PREDICTED), timing_method=pl.lit(f"predicted ({target.timing})"),
         estimated_shapes=pl.lit(estimated),
-        note=pl.lit("performance model: H200 kernel tables + alpha-beta communication; attention, embeddings and "
-                    "LM head excluded"),
+        note=pl.lit("performance model: H200 kernel tables + alpha-beta communication; "
+                    + ("attention and activation included" if full_layer else "attention excluded")
+                    + "; embeddings and LM head excluded"),
     )
