@@ -106,6 +106,24 @@ def test_argument_errors_name_the_bad_value(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_user_errors_are_one_line_with_the_fix_and_crashes_keep_their_traceback(tmp_path, monkeypatch):
+    """A typo or an empty store: exit status 2, one line naming the fix, no traceback; a real crash: a traceback."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv, fix in ((["sweep", "--model", "lama-3-8b", "--tp", "2", "--tokens", "1", "--store", str(tmp_path)],
+                       "did you mean 'llama-3-8b'?"),
+                      (["tune", "--store", str(empty)], f"run a sweep first, e.g. `python -m sp_lab sweep --store {empty}"),
+                      (["replay", str(tmp_path / "nowhere.parquet"), "--store", str(tmp_path / "s")],
+                       "it does not exist (looked in")):
+        result = _python_m_sp_lab(*argv)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and fix in lines[0], result.stderr
+    monkeypatch.setitem(cli.COMMANDS, "tune", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["tune", "--store", str(empty)])
+
+
 def test_cli_variants_match_the_sweeps():
     from sp_lab.bench.sweep import DEFAULT_VARIANTS, VARIANTS
 
