@@ -8,6 +8,7 @@ with a ``_source`` naming the public config the numbers come from. Their weights
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from pathlib import Path
 
 import torch
@@ -28,8 +29,12 @@ from sp_lab.models.llama import DecoderConfig, LlamaForCausalLM
 from sp_lab.models.toy import toy_config
 from sp_lab.resources import PRESET_DIR, load_preset, preset_names
 
-__all__ = ["PRESET_DIR", "available", "build", "resolve_config"]
+__all__ = ["PRESET_DIR", "UnknownModelError", "available", "build", "resolve_config"]
 
+
+
+class UnknownModelError(ValueError):
+    """A model name that is neither ``"toy"``, a preset nor a checkpoint directory; the message offers the closest."""
 
 
 def available() -> list[str]:
@@ -62,9 +67,11 @@ def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, *
             f"{name} is a directory without config.json; a Hugging Face checkpoint needs one"
         )
     else:
-        raise ValueError(
-            f"unknown model {name!r}; use one of {available()} or a local Hugging Face checkpoint directory "
-            "(config.json + *.safetensors)"
+        close = difflib.get_close_matches(name, available(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownModelError(
+            f"unknown model {name!r}; {hint}use one of {available()} or a local Hugging Face checkpoint "
+            "directory (config.json + *.safetensors)"
         )
     return dataclasses.replace(cfg, **overrides)
 
