@@ -173,6 +173,7 @@ class MatmulTable:
     def default(cls) -> MatmulTable:
         """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, plus the
         tp=8 chunking table (both measured on one H200)."""
+        # A further dtype's table (e.g. FP8, its meta naming the dtype) is added to this list when it ships.
         paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
         if not paths:
             raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
