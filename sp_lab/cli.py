@@ -446,8 +446,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from sp_lab.tuning.predict import advice, validation
 
     if args.validate:
+        from sp_lab.tuning.predict.measured import tp1_comparison, tp1_markdown
+
         table = validation.validation_table()
         print(validation.validation_markdown(table))
+        print("Beside measured rows of the same setup:\n")
+        print(tp1_markdown(tp1_comparison()))
         if args.write is not None:
             args.write.parent.mkdir(parents=True, exist_ok=True)
             args.write.write_text(validation.predictions_page(table))
