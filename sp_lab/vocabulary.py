@@ -23,13 +23,16 @@ TUNED = "tuned"
 MEASURED = "measured"
 """Timed here, on the devices the row names."""
 SIMULATED = "simulated"
-"""Predicted by the what-if model from single-GPU matmul timings; no distributed run happened."""
+"""Rows of the earlier uncalibrated what-if model (kept for recorded stores and test fixtures that carry it)."""
+PREDICTED = "predicted"
+"""Predicted by the calibrated performance model (``sp_lab.tuning.predict``) for a GPU that is not here:
+measured single-GPU kernel times plus a published-bandwidth communication model; no distributed run happened."""
 REHEARSAL = "rehearsal"
 """Several ranks on one GPU: the code path of a multi-GPU run, but not its latency."""
 REPLAYED = "replayed"
 """Recorded elsewhere (another machine or an earlier store) and imported."""
 
-SOURCES = (MEASURED, SIMULATED, REHEARSAL, REPLAYED)
+SOURCES = (MEASURED, PREDICTED, SIMULATED, REHEARSAL, REPLAYED)
 """Where a row's numbers come from; rows of different sources are never compared unlabelled."""
 TUNABLE_SOURCES = (MEASURED, REPLAYED)
 """Sources a threshold is tuned on unless another is named (in this order of preference)."""

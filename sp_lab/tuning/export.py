@@ -33,7 +33,7 @@ from sp_lab.programs import Policy
 from sp_lab.tuning.model_sp import model_sp_table
 from sp_lab.tuning.regret import regret_table, summarize
 from sp_lab.vllm_releases import ALWAYS, DEFAULT_RELEASE, installed_release, vllm_export
-from sp_lab.vocabulary import BASELINE, NEVER, SP_ASYNC_TP
+from sp_lab.vocabulary import BASELINE, NEVER, PREDICTED, SP_ASYNC_TP
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -156,15 +156,20 @@ def export_tuned_config(config: LabConfig, *, directory: str | Path, device_name
 
 def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, *,
                   recommendation: Recommendation | None = None, chosen_in: str, vllm_release: str | None = None,
-                  matmul_rows: pl.DataFrame | None = None) -> Path:
+                  matmul_rows: pl.DataFrame | None = None, allow_predicted: bool = False) -> Path:
     """Write ``config`` (tuned on ``rows`` of one setup) with its provenance, and the model-level function beside
     it (``<file>.min_tokens_per_rank.py``); returns the config file's path.
 
     ``vllm_release``: the release the ``vllm`` section is written for (default: the installed vLLM's version,
-    else the newest known); ``matmul_rows``: per-matmul rows for per-shape model-level gates.
+    else the newest known); ``matmul_rows``: per-matmul rows for per-shape model-level gates. Rows the
+    performance model predicted (``source="predicted"``) are refused unless ``allow_predicted``: exporting a
+    config no GPU has confirmed is an explicit choice, and the file then says ``source: predicted``.
     """
     if rows.height == 0:
         raise ValueError("no rows: run a sweep (python -m sp_lab run) or replay recorded rows before exporting")
+    if not allow_predicted and "source" in rows.columns and (rows["source"] == PREDICTED).any():
+        raise ValueError("these rows are predictions (source='predicted'), not measurements; export them only on "
+                         "purpose: allow_predicted=True (CLI: python -m sp_lab predict --export-predicted DIR)")
     row = rows.row(0, named=True)
     release = vllm_release or installed_release() or DEFAULT_RELEASE
     rows_hash = data_hash(rows)
@@ -198,6 +203,8 @@ def _pct(x: float | None) -> str:
 
 def _cannot_answer(prov: dict[str, Any]) -> str | None:
     """Why the machine the rows come from cannot say whether SP + AsyncTP pays on GPUs, or ``None``."""
+    if prov.get("source") == PREDICTED:
+        return "predicted rows (the performance model): no GPU measured this policy"
     if prov.get("source") == "rehearsal":
         return "rehearsal rows (ranks sharing one GPU): no real overlap between ranks"
     if prov.get("backend") == "gloo" or str(prov.get("device", "")).lower().startswith("cpu"):
