@@ -100,7 +100,7 @@ class ModelSpTable:
     """Tokens per rank (shard rows) from which fusing this matmul with its all-gather / reduce-scatter pays.
 
     None: it never paid where measured, or the shape was not measured (keep the collective and the matmul
-    apart). Measured by sp_lab on {p.get("device")} (torch {p.get("torch")}, {p.get("source")} rows, model
+    apart). From sp_lab's {p.get("source")} rows on {p.get("device")} (torch {p.get("torch")}, model
     {p.get("model")}, tp {p.get("tp")}, rows {p.get("data_hash")}). SP itself paid per layer from
     SP_MIN_TOKENS_PER_RANK tokens per rank (worst regret {100 * layer.get("worst", 0.0):.1f}%, total
     {100 * layer.get("total", 0.0):.1f}% on the sweep rows).{cost}
