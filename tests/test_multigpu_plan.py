@@ -1,5 +1,5 @@
 """Issue #7's multi-GPU run, without GPUs: the plan, the sp_lab command lines, the scheduler's budget and
-device sets, what comes back from $OUT, and the comparison with the what-if model on fixture rows.
+device sets, what comes back from $OUT, and the comparison with the performance model on fixture rows.
 
 The full CPU dry run (real ``torchrun ... sp_lab run`` jobs on gloo ranks) takes minutes on two cores; it is
 ``benchmarks/multigpu/dry_run.py``, not a test.
