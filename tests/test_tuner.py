@@ -137,6 +137,9 @@ def test_demo_replay_is_the_performance_model_and_says_so_everywhere(tmp_path):
     assert "from predicted rows: the performance model's choice, not measured" in tuner.regret_html.value
     with pytest.raises(ValueError, match="allow_predicted"):  # exporting the model's choice needs an explicit call
         tuner.export()
+    path = tuner.export(allow_predicted=True)
+    assert json.loads(path.read_text())["provenance"]["source"] == "predicted"
+    assert "from predicted rows: not measured" in tuner.status.value
 
 
 def _gated_trace(tuner):

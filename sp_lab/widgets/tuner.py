@@ -342,14 +342,17 @@ class TunerState:
         """:func:`sp_lab.tuning.export.data_hash` of the rows shown."""
         return data_hash(self.snapshot())
 
-    def export(self, directory: str | Path) -> Path:
-        """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path."""
+    def export(self, directory: str | Path, *, allow_predicted: bool = False) -> Path:
+        """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path.
+
+        Rows of the demo replay are predicted: refused unless ``allow_predicted`` (the file then says
+        ``source: predicted``)."""
         rows = self.snapshot()
         if not rows.height:
             raise ValueError(f"nothing to export: no rows yet; run a sweep first ({_RUN_FIRST})")
         rec = self.recommendation_or_none()
         return export_config(rows, self.tuned_config(), directory, chosen_in="sp_lab.tune widget",
-                             recommendation=rec)
+                             recommendation=rec, allow_predicted=allow_predicted)
 
 
 # ============================================================================================ the view
@@ -505,18 +508,20 @@ class Tuner:
             self._sync_controls()
             self.redraw()
 
-    def export(self) -> Path:
+    def export(self, *, allow_predicted: bool = False) -> Path:
         """Write the tuned config to the export directory; the status line says what the file says.
 
-        Raises ``ValueError`` in the calling cell when there is nothing to export (it says to run a sweep first).
+        Raises ``ValueError`` in the calling cell when there is nothing to export (it says to run a sweep first),
+        or when the rows are the demo's predicted ones and ``allow_predicted`` is not given.
         """
         try:
-            path = self.state.export(self.export_dir.value)
+            path = self.state.export(self.export_dir.value, allow_predicted=allow_predicted)
         except ValueError as e:
             self._say(f"export failed: {e}", error=True)
             raise
         config = self.state.tuned_config()
-        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}) "
+        said = f" (from {PREDICTED} rows: not measured)" if self.state.source == PREDICTED else ""
+        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}){said} "
                   f"to <code>{path}</code>")
         print(describe_file(path))  # what the file does in vLLM, model code and torch.compile, in the cell
         return path
