@@ -207,7 +207,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     rows = SweepStore(store).read()
     rows.with_columns(
         pl.when(pl.col("num_tokens") == 1)
-        .then(pl.lit("simulated"))
+        .then(pl.lit("predicted"))  # a model's rows keep their source: never relabelled as tunable timings
         .otherwise(pl.col("source"))
         .alias("source")
     ).write_parquet(recorded)
@@ -216,7 +216,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     assert cli.main(["replay", str(recorded), "--store", str(dest)]) == 0  # idempotent
     got = SweepStore(dest).read()
     assert got.height == 15
-    assert got.group_by("source").len().sort("source").rows() == [("replayed", 12), ("simulated", 3)]
+    assert got.group_by("source").len().sort("source").rows() == [("predicted", 3), ("replayed", 12)]
 
 
 def test_replay_refuses_rows_without_provenance(tmp_path, capsys):
@@ -266,7 +266,7 @@ def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_pat
     out = capsys.readouterr().out
     assert "vLLM 0.18.1 (chosen): In vLLM 0.18.1 this runs SP + AsyncTP from 64 tokens" in out
     assert "vllm serve" in out and '"sp_min_token_num":64' in out and '"compile_ranges_endpoints":[63]' in out
-    assert "WARNING: tuned on gloo on CPU" in out and "next: run the same sweep on the GPUs" in out
+    assert "WARNING: tuned on gloo on CPU" in out and "next: measure on the GPUs you serve on" in out
     (fn,) = tmp_path.glob("*.min_tokens_per_rank.py")
     assert fn.name in out
     assert cli.main([*argv, "--vllm-release", "0.13"]) == 0
