@@ -15,7 +15,7 @@ import polars as pl
 
 from sp_lab.tuning.policy import Policy
 from sp_lab.tuning.regret import regret_table, summarize
-from sp_lab.vocabulary import NEVER, PREDICTED
+from sp_lab.vocabulary import PREDICTED, describe_threshold
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -33,7 +33,7 @@ def data_hash(rows: pl.DataFrame) -> str:
 
 def threshold_text(config: LabConfig) -> str:
     """``async_tp_min_tokens`` as a person reads it: the number, or "never" when SP and AsyncTP are off."""
-    return str(config.async_tp_min_tokens) if config.enable_sp and config.enable_async_tp else NEVER
+    return describe_threshold(config.async_tp_min_tokens if config.enable_sp and config.enable_async_tp else None)
 
 
 def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recommendation | None = None,
