@@ -321,6 +321,24 @@ def test_to_vllm_uses_only_the_releases_field_names(config, release):
         assert cc[rel.ranges_field] == [start - 1]  # ranges [1, start - 1] and [start, ...]
 
 
+# vLLM's own spellings, copied from its PassConfig / CompilationConfig (not from sp_lab's release table):
+# 0.11 `level` + PassConfig.enable_sequence_parallelism / enable_async_tp; 0.12 `mode` + PassConfig.enable_sp /
+# fuse_gemm_comms.
+VLLM_PASS_CONFIGS = {
+    ("0.11", True): '{"level": 3, "pass_config": {"enable_sequence_parallelism": true, "enable_async_tp": true}}',
+    ("0.11", False): '{"level": 3, "pass_config": {"enable_sequence_parallelism": true, "enable_async_tp": false}}',
+    ("0.12", True): '{"mode": 3, "pass_config": {"enable_sp": true, "fuse_gemm_comms": true}}',
+    ("0.12", False): '{"mode": 3, "pass_config": {"enable_sp": true, "fuse_gemm_comms": false}}',
+}
+
+
+@pytest.mark.parametrize(("release", "async_tp"), sorted(VLLM_PASS_CONFIGS), ids=lambda v: str(v))
+def test_to_vllm_writes_each_releases_own_field_names(release, async_tp):
+    cc = LabConfig(tp_size=2, enable_async_tp=async_tp, async_tp_min_tokens=256).to_vllm(release)
+    want = json.loads(VLLM_PASS_CONFIGS[release, async_tp])
+    assert {k: cc.get(k) for k in want} == want
+
+
 def test_to_vllm_names_the_known_releases_and_refuses_what_vllm_cannot_run():
     with pytest.raises(ConfigError, match=r"unknown vLLM release '0.9'; known: 0.11, 0.12, 2026.03"):
         LabConfig().to_vllm("0.9")

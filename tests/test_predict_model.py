@@ -149,3 +149,22 @@ def test_crossover_is_where_the_variant_wins_from_then_on():
     assert crossover_tokens(rows([20, 9, 11, 9])) == 8  # wins at 2 but loses again at 4: from 8 on
     assert crossover_tokens(rows([9, 9, 9, 9])) == 1
     assert crossover_tokens(rows([20, 20, 20, 11])) is None
+
+
+def test_per_matmul_rules_compose_the_layer():
+    from sp_lab.rules import MatmulRule
+
+    def by_variant(rule) -> dict[tuple[int, str], float]:
+        rows = predict_layers("llama-3-70b", 8, [64, 2048, 16384], "h200", num_layers=1, rule=rule)
+        return {(r["num_tokens"], r["variant"]): r["latency_us"] for r in rows.iter_rows(named=True)}
+
+    always, never, own = by_variant(MatmulRule.always("fuse")), by_variant(MatmulRule.always("no_fuse")), by_variant(
+        "predicted")
+    for t in (64, 2048, 16384):
+        assert always[(t, "tuned")] == pytest.approx(always[(t, "sp+async_tp")])
+        assert never[(t, "tuned")] == pytest.approx(never[(t, "sp")])
+        # choosing per matmul can only help: never slower than all-fused or none-fused
+        assert own[(t, "tuned")] <= min(own[(t, "sp")], own[(t, "sp+async_tp")]) + 1e-9
+    assert own[(16384, "tuned")] < own[(16384, "sp")]  # at 16k tokens some matmuls pay
+    with pytest.raises(ValueError, match="rule must be a MatmulRule or 'predicted'"):
+        predict_layers("llama-3-70b", 8, [64], "h200", rule="oracle")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -60,7 +61,8 @@ def test_recommendation_selects_the_least_regret_policy(rows):
 def test_rows_arrive_one_by_one_and_recommendation_waits_for_both_variants():
     state = TunerState(tp=2)
     state.add_row(_row("baseline", 8))
-    assert state.recommendation() is None  # one variant: nothing to choose between yet
+    with pytest.raises(ValueError, match="no recommendation from these rows yet"):  # one variant: no choice yet
+        state.recommendation()
     state.add_row(_row("sp+async_tp", 8))
     assert state.recommendation() is not None and state.done == 2
 
@@ -84,9 +86,33 @@ def test_export_round_trips_the_policy(rows, tmp_path):
     assert provenance["regret"]["per_token"]["64"]["regret_rel"] == pytest.approx(0.25)
 
 
-def test_export_without_rows_says_what_to_do(tmp_path):
-    with pytest.raises(ValueError, match="run a sweep or replay"):
+def test_mistakes_on_an_empty_tuner_are_answered_in_the_calling_cell(tmp_path):
+    """Export and the recommendation raise where they were called (not only in the widget's status line),
+    saying to run a sweep first; a mistyped model is refused by tune() itself, with the closest name."""
+    with pytest.raises(ValueError, match="run a sweep first"):
         TunerState(tp=2).export(tmp_path)
+    tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"no rows yet: run a sweep first \(tuner.run_sweep\(\)"):
+        tuner.state.recommendation()
+    with pytest.raises(ValueError, match="run a sweep first"):
+        tuner.export()
+    assert "run a sweep first" in tuner.status.value  # the widget says it too
+    with pytest.raises(ValueError, match="did you mean 'llama-3-8b'"):
+        tune("lama-3-8b", tp=2, store_dir=None, export_dir=tmp_path)
+
+
+def test_default_store_and_out_are_the_projects_whatever_the_working_directory(tmp_path, monkeypatch):
+    """A kernel in notebooks/ and the CLI at the top of the checkout meet in one store: <project>/out/sweeps."""
+    project = tmp_path / "project"
+    (project / "notebooks").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.delenv("SP_LAB_OUT", raising=False)
+    monkeypatch.chdir(project / "notebooks")
+    tuner = tune("toy", tp=2, token_counts=TOKENS)
+    assert Path(tuner.state.store_dir) == project.resolve() / "out" / "sweeps"
+    assert Path(tuner.export_dir.value) == project.resolve() / "out"
+    monkeypatch.setenv("SP_LAB_OUT", str(tmp_path / "elsewhere"))
+    assert Path(tune("toy", tp=2).state.store_dir) == (tmp_path / "elsewhere" / "sweeps").resolve()
 
 
 def test_live_sweep_needs_a_store():
@@ -152,3 +178,18 @@ def test_each_arriving_row_redraws_the_plot(rows, monkeypatch, tmp_path):
     assert seen == list(range(1, len(ordered) + 1))
     assert tuner.progress.value == len(ordered)
     assert tuner_module.TunerState is TunerState
+
+
+def test_vllms_hopper_rule_is_shown_for_gpu_rows_only_and_regret_reads_in_percent(rows, tmp_path):
+    """A CPU toy gets no "vLLM's rule (Hopper)" line or marker; H200 rows do. Worst and summed regret are both %."""
+    cpu = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=rows)
+    assert "vLLM" not in cpu.regret_html.value
+    assert not any(str(a.text).startswith("vLLM") for a in cpu.figure.layout.annotations)
+    table = cpu.state.regret()
+    summed = f"summed over the token counts {100 * table['regret_rel'].sum():.1f}%"
+    assert summed in cpu.regret_html.value and "total 0." not in cpu.regret_html.value
+    gpu_rows = rows.with_columns(device_name=pl.lit("NVIDIA H200"), model=pl.lit("llama-3-70b"),
+                                 hidden_size=pl.lit(8192), tp=pl.lit(8), dtype=pl.lit("bfloat16"))
+    gpu = tune("llama-3-70b", tp=8, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=gpu_rows)
+    assert "vLLM's own rule on Hopper for this model and tp: SP from" in gpu.regret_html.value
+    assert any(str(a.text).startswith("vLLM sp_min_token_num=") for a in gpu.figure.layout.annotations)

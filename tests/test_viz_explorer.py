@@ -29,6 +29,8 @@ MODELS = ("toy", "toy_inplace", "llama")
 STRATEGIES = ("none", "gather_erase", "gather", "sharded")
 TP = 2
 HIDDEN = {"toy": 64, "toy_inplace": 64, "llama": 128}  # float32: 4 bytes per element
+# (query heads, KV heads, head dim) of each fixture model before tp sharding (make_explorer_fixtures.py)
+ATTENTION = {"toy": (4, 2, 16), "toy_inplace": (4, 2, 16), "llama": (4, 2, 32)}
 
 
 def _path(model: str, strategy: str) -> Path:
@@ -119,12 +121,16 @@ def test_boundary_bytes_per_token_sharded_vs_full(reports, model):
     gather = graph.overview_data(reports[(model, "gather")]).boundaries
     sharded = graph.overview_data(reports[(model, "sharded")]).boundaries
     assert len(gather) == len(sharded) == 2
-    for g, s in zip(gather, sharded):
+    heads, kv_heads, head_dim = ATTENTION[model]
+    qkv = (heads + 2 * kv_heads) // TP * head_dim * 4  # this rank's q, k and v heads, float32, per token
+    for i, (g, s) in enumerate(zip(gather, sharded)):
+        # int64 positions cross the first boundary only: the second layer's rotary embedding is before it
+        positions = 8 if i == 0 else 0
+        assert g.bytes_per_token == qkv + residual + positions
+        assert s.bytes_per_token == qkv + residual / TP + positions
         assert g.sharded_bytes_per_token == 0
         assert s.sharded_bytes_per_token == residual / TP
-        assert g.bytes_per_token - s.bytes_per_token == residual - residual / TP
         assert [t.sharded_after for t in s.tensors].count(True) == 1
-        assert g.bytes_per_token == sum(t.bytes_per_token_after or 0 for t in g.tensors)
     assert f"{sharded[0].sharded_bytes_per_token:,.0f} sharded" in sharded[0].text
 
 
@@ -429,19 +435,24 @@ def test_emit_trace_warns_on_incompatible_torch(monkeypatch, reports):
 def test_explorer_widget_click_through(reports):
     from sp_lab.widgets.explorer import explore
 
+    def click(key: str) -> None:
+        """A click on the overview item ``key``, as the browser sends it: the message of the overview's view."""
+        fig = ex.overview_figure
+        (trace,) = [i for i, t in enumerate(fig.data) if t.customdata is not None and key in list(t.customdata)]
+        index = list(fig.data[trace].customdata).index(key)
+        ex.overview_view._on_front_end_message(ex.overview_view, {"event": "click", "points": [
+            {"curve": trace, "index": index, "customdata": key}]}, [])
+
     ex = explore(_path("llama", "gather"))
     assert ex.piece_select.value == 0 and ex.piece_figure.layout.title.text.startswith("submod_0")
-    # A click on "piece 4" in the overview, as the browser sends it: the message of the overview's view.
-    (trace,) = [i for i, t in enumerate(ex.overview_figure.data) if t.meta == "pieces"]
-    index = list(ex.overview_figure.data[trace].customdata).index("piece:4")
-    ex.overview_view._on_front_end_message(ex.overview_view, {"event": "click", "points": [
-        {"curve": trace, "index": index, "customdata": "piece:4"}]}, [])
+    click("piece:4")
     assert ex.piece_select.value == 4 and ex.piece_figure.layout.title.text.startswith("submod_4")
-    # A click on a boundary tensor lists its producers and consumers.
-    (tensors, *_) = [i for i, t in enumerate(ex.overview_figure.data) if t.meta == "tensors" and t.customdata]
-    ex.overview_view.click(tensors, 0)
-    assert ex.links is not None and ex.links.producers and "produced by" in ex.links_view.value
-    ex.select("piece:1")  # the attention op: nothing to open, said so
+    # A click on a boundary tensor (the residual crossing boundary 0) lists its producers and consumers.
+    assert ex.links is None
+    click("tensor:0:3")
+    assert ex.links is not None and ex.links.tensor == "residual" and ex.links.boundary == 0
+    assert ex.links.producers and "produced by" in ex.links_view.value
+    click("piece:1")  # the attention op: nothing to open, said so
     assert "eagerly" in ex.links_view.value and ex.piece_select.value == 4
     ex.mode_select.value = "after"
     ex.search.value = "mlp"
@@ -450,3 +461,21 @@ def test_explorer_widget_click_through(reports):
     assert ex.data.range_index == 0 and not ex.data.range.enable_sp and ex.links is None
     failed = explore(_path("toy_inplace", "none"))
     assert failed.piece_figure is None and "compile failed" in failed.overview_figure.layout.title.text
+
+
+def test_shapes_read_in_the_models_terms_and_abbreviations_have_a_key(reports):
+    """The compiler's symbols (s37, ((s37 + 1)//2)) are shown as N and ceil(N/2) wherever a shape is printed,
+    and every figure that abbreviates (RS, AG+mm, B/tok) carries the key to them."""
+    import re
+
+    report = reports[("llama", "sharded")]
+    data = graph.overview_data(report)
+    overview = graph.build_overview_figure(data)
+    texts = _all_text(overview)
+    assert "ceil(N/2)" in texts  # the residual crosses sharded: [ceil(N/tp), H] at tp 2
+    assert not re.search(r"\bs\d+\b", texts), "a compiler symbol is shown raw"
+    piece = graph.build_piece_figure(graph.piece_diff_data(report, None, 2), "after")
+    assert not re.search(r"\bs\d+\b", _all_text(piece))
+    for fig in (overview, piece):
+        (key,) = [a.text for a in fig.layout.annotations if "B/tok = bytes per token" in a.text]
+        assert "RS = reduce-scatter" in key and "AG+mm = all-gather fused" in key and "N = tokens" in key

@@ -20,8 +20,19 @@ class ReplayError(ValueError):
 
 
 def read_recorded(path: str | Path) -> pl.DataFrame:
-    """Rows of a store directory, a ``.parquet`` or a ``.csv`` file (CSV columns typed as :data:`ROW_SCHEMA`)."""
-    src = Path(path)
+    """Rows of a store directory, a ``.parquet`` or a ``.csv`` file (CSV columns typed as :data:`ROW_SCHEMA`).
+
+    A relative ``path`` that does not exist here is looked up in the project too
+    (:func:`sp_lab.paths.resolve_in_project`): ``"out/sweeps"`` works from a notebook in ``notebooks/``.
+    """
+    from sp_lab.paths import project_root, resolve_in_project
+
+    src = resolve_in_project(path)
+    if not src.exists():
+        places = sorted({str(Path.cwd()), str(project_root())})
+        raise ReplayError(f"cannot replay {path}: it does not exist (looked in {' and '.join(places)}); give a "
+                          "sweep store directory, a .parquet or a .csv file (the default store is filled by "
+                          "`python -m sp_lab sweep` or `make run`)")
     if src.is_dir():
         df = SweepStore(src).read()
     elif src.suffix == ".parquet":
@@ -31,7 +42,8 @@ def read_recorded(path: str | Path) -> pl.DataFrame:
     else:
         raise ReplayError(f"cannot replay {src}: expected a store directory, a .parquet or a .csv file")
     if df.height == 0:
-        raise ReplayError(f"{src} holds no rows")
+        raise ReplayError(f"{src} holds no rows: run a sweep first (`python -m sp_lab sweep --store {src}`, "
+                          "or the tuner's Run sweep) or replay another store")
     return df
 
 

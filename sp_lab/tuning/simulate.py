@@ -48,7 +48,7 @@ from sp_lab.tuning.predict.kernels import (  # noqa: F401  (re-exported: this mo
     fit_roofline,
 )
 from sp_lab.tuning.predict.layer import num_layers_of
-from sp_lab.vocabulary import BASELINE, MEASURED, SIMULATED, SP, SP_ASYNC_TP, TUNED
+from sp_lab.vocabulary import BASELINE, MEASURED, PREDICTED, SIMULATED, SP, SP_ASYNC_TP, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.rules import MatmulRule
@@ -255,13 +255,15 @@ def compare_to_measured(predicted: pl.DataFrame, measured: pl.DataFrame,
                         on: Sequence[str] = ("num_tokens", "variant", "tp")) -> pl.DataFrame:
     """Prediction error per point where both exist: ``predicted_us, measured_us, error_us, rel_error``.
 
-    ``predicted`` must hold only ``source="simulated"`` rows and ``measured`` only ``"measured"`` ones;
-    measured rows whose fusion was expected but missing are dropped (they time another program).
+    ``predicted`` must hold only ``source="predicted"`` (the performance model) or only ``"simulated"`` (the
+    what-if model) rows and ``measured`` only ``"measured"`` ones; measured rows whose fusion was expected but
+    missing are dropped (they time another program).
     """
-    for df, want, label in ((predicted, SIMULATED, "predicted"), (measured, MEASURED, "measured")):
+    for df, wants, label in ((predicted, (PREDICTED, SIMULATED), "predicted"), (measured, (MEASURED,), "measured")):
         got = set(df["source"].unique()) if "source" in df.columns else {None}
-        if got != {want}:
-            raise ValueError(f"{label} rows must all have source={want!r}; got {sorted(map(str, got))}")
+        if len(got) != 1 or not got <= set(wants):
+            allowed = " or ".join(f"source={w!r}" for w in wants)
+            raise ValueError(f"{label} rows must all have {allowed}; got {sorted(map(str, got))}")
     keys = [c for c in on if c in predicted.columns and c in measured.columns]
     if "fusion_missing" in measured.columns:
         measured = measured.filter(~pl.col("fusion_missing"))

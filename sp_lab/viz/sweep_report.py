@@ -71,8 +71,8 @@ def _recommendation_html(rec: Recommendation) -> str:
     if s is not None:
         noise = "rows carry no interval" if not rec.noise_known else "beyond noise" if s.beyond_noise else "within noise"
         second = ("<li>A second threshold would gain nothing.</li>" if s.gain <= 0 else
-                  f"<li>A second threshold ({html.escape(s.policy.name)}) would lower the total regret by "
-                  f"{s.gain:.3f} ({noise}); vLLM gates SP and AsyncTP at one token count, so it is not "
+                  f"<li>A second threshold ({html.escape(s.policy.name)}) would lower the summed regret by "
+                  f"{100 * s.gain:.1f} points ({noise}); vLLM gates SP and AsyncTP at one token count, so it is not "
                   "recommended.</li>")
     lo_w, hi_w = rec.worst_interval
     lo_t, hi_t = rec.total_interval
@@ -80,7 +80,8 @@ def _recommendation_html(rec: Recommendation) -> str:
     return (
         f"<div class='rec'><b>Run: {html.escape(rec.policy.name)}</b></div><ul>"
         f"<li>Worst regret {100 * rec.worst_regret:.1f}% (95% interval {100 * lo_w:.1f}-{100 * hi_w:.1f}%), "
-        f"total {rec.total_regret:.3f} ({lo_t:.3f}-{hi_t:.3f}) over {rec.table.height} token counts.</li>"
+        f"summed over the {rec.table.height} token counts {100 * rec.total_regret:.1f}% "
+        f"({100 * lo_t:.1f}-{100 * hi_t:.1f}%).</li>"
         f"<li>Confidence: {html.escape(rec.noise_line())}.</li>{second}</ul>"
         "<h3>Regret of the recommended config at each token count</h3>"
         + html_table(table, percent=("regret_rel",))
@@ -97,8 +98,12 @@ def write_report(
     compile_report: Path | None = None,
     include_plotlyjs: bool | str = True,
     overwrite: bool = False,
+    predicted: bool = True,
 ) -> Path:
     """Write the report of ``rows`` (read from ``store``) to ``out``; returns the path.
+
+    ``predicted``: add the "what this would be on 8x H200" section (the performance model's curves for the
+    swept preset, or Llama-3-70B for a non-preset model), labelled predicted and kept apart from the rows.
 
     The regret panel draws ``recommendation.config`` (or ``config``). An existing report made from
     another store is kept unless ``overwrite``: :class:`ReportOverwriteError` names both stores.
@@ -153,8 +158,12 @@ def write_report(
                          (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
         if source in sources:
             parts.append(f"<p class='warn'>Some rows are <b>{what}</b>.</p>")
-    parts += ["<h2>Latency and regret</h2>", *divs,
-              "<h2>What ran</h2>", html_table(ran),
+    parts += ["<h2>Latency and regret</h2>", *divs]
+    if predicted:
+        from sp_lab.viz.predicted import predicted_section_html
+
+        parts.append(predicted_section_html(str(rows["model"][0])))
+    parts += ["<h2>What ran</h2>", html_table(ran),
               "<h2>Provenance</h2>", html_table(provenance)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

@@ -16,7 +16,9 @@ Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
 recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data
-(``source="simulated"``, labelled so everywhere).
+(``source="simulated"``, labelled so everywhere). Separately, :meth:`Tuner.overlay_prediction` draws the
+performance model's curves for a chosen preset and GPU beside the rows (dashed, "predicted" legend group),
+never mixed into the rows, the regret or the recommendation.
 
     import sp_lab
     tuner = sp_lab.tune("toy", tp=2, token_counts=[3, 16, 64])
@@ -62,6 +64,7 @@ SHAPES = {f"{BASELINE} -> {SP_ASYNC_TP}": (BASELINE, SP_ASYNC_TP), f"{BASELINE} 
 """The one-threshold policies a LabConfig can express: (variant below the threshold, variant from it on)."""
 
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_RUN_FIRST = "tuner.run_sweep() or the Run sweep button; or replay recorded rows: tuner.replay(STORE_DIR)"
 """Token counts a live sweep measures unless told otherwise."""
 
 # What the latency plot needs that the what-if model does not produce (it has no spread, no torch run).
@@ -116,6 +119,8 @@ class TunerState:
     """A live sweep is in progress."""
     done: int = 0
     """Points measured by the current live sweep."""
+    predicted: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
+    """Predicted curves drawn beside the rows (``source="predicted"``); never in the regret or recommendation."""
 
     def __post_init__(self) -> None:
         if self.config is None:
@@ -180,6 +185,18 @@ class TunerState:
         self.use_recommended()
         return f"replayed {what}; source={self.source!r}"
 
+    def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> str:
+        """Draw the performance model's curves for ``model`` on ``tp`` x ``gpu`` beside the rows (``None``-like
+        ``model=""`` clears them). They stay in :attr:`predicted`, apart from :attr:`rows`."""
+        if not model:
+            self.predicted = pl.DataFrame()
+            return "predicted overlay cleared"
+        from sp_lab.tuning.predict.advice import predict
+
+        p = predict(model, tp, gpu, tokens=sorted(set(self.token_counts) | {1024, 4096, 16384}))
+        self.predicted = p.rows
+        return f"predicted overlay: {model}, {tp}x {p.target.gpu.label} (crossover {p.async_tp.describe()})"
+
     # ------------------------------------------------------------------ live sweep
     def run_sweep(self, on_row: Callable[[Mapping[str, Any]], None] | None = None, *,
                   progress: bool = False) -> SweepResult:
@@ -201,13 +218,35 @@ class TunerState:
 
         self.running, self.done = True, 0
         try:
-            return launch_sweep(
+            result = launch_sweep(
                 self.model, world_size=self.tp, store_dir=self.store_dir, token_counts=list(self.token_counts),
                 variants=list(self.variants), on_row=deliver, progress=progress, config=self.config,
                 num_layers=self.num_layers, **self.sweep_kwargs,
             )
         finally:
             self.running = False
+        if result.skipped:  # points measured by an earlier run: shown too, so a rerun is not an empty plot
+            self._add_resumed_rows()
+        return result
+
+    def _add_resumed_rows(self) -> None:
+        """Rows of this setup already in the store (model, tp, variants, token counts) not shown yet."""
+        from sp_lab.bench.store import SweepStore
+
+        stored = SweepStore(self.store_dir).read(skip_corrupt=True)
+        if not stored.height:
+            return
+        mine = stored.filter(pl.col("model") == self.model, pl.col("tp") == self.tp,
+                             pl.col("source") == MEASURED, pl.col("variant").is_in(list(self.variants)),
+                             pl.col("num_tokens").is_in(list(self.token_counts)))
+        if self.num_layers is not None:
+            mine = mine.filter(pl.col("num_layers") == self.num_layers)
+        shown = self.snapshot()
+        if shown.height and "row_id" in shown.columns:
+            mine = mine.filter(~pl.col("row_id").is_in(shown["row_id"].to_list()))
+        if mine.height:
+            with self._lock:
+                self.rows = pl.concat([shown, mine], how="diagonal_relaxed") if shown.height else mine
 
     # ------------------------------------------------------------------ policy and derived tables
     def _reference_rows(self) -> pl.DataFrame:
@@ -238,16 +277,28 @@ class TunerState:
             return pl.DataFrame(schema={"num_tokens": pl.Int64, "latency_us": pl.Float64, "variant_run": pl.String})
         return table.select("num_tokens", "latency_us", "variant_run")
 
-    def recommendation(self) -> Recommendation | None:
-        """The recommended policy with its confidence over the rows so far (``None`` until one can be made)."""
+    def recommendation(self) -> Recommendation:
+        """The recommended policy with its confidence over the rows so far.
+
+        Raises ``ValueError`` saying what is missing: no rows yet (run a sweep first), or rows of one variant only.
+        """
+        if not self.snapshot().height:
+            raise ValueError(f"no rows yet: run a sweep first ({_RUN_FIRST}), then ask again")
         try:
             return recommend(self._reference_rows(), self.config)
+        except ValueError as e:
+            raise ValueError(f"no recommendation from these rows yet: {e}") from e
+
+    def recommendation_or_none(self) -> Recommendation | None:
+        """:meth:`recommendation`, or ``None`` while the rows cannot make one (what the live view shows)."""
+        try:
+            return self.recommendation()
         except ValueError:
             return None
 
     def use_recommended(self) -> Recommendation | None:
-        """Select the recommended policy (its shape and threshold); returns the recommendation."""
-        rec = self.recommendation()
+        """Select the recommended policy (its shape and threshold); returns it (``None``: none can be made yet)."""
+        rec = self.recommendation_or_none()
         if rec is None:
             return None
         steps = rec.policy.steps
@@ -287,8 +338,8 @@ class TunerState:
         """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path."""
         rows = self.snapshot()
         if not rows.height:
-            raise ValueError("no rows yet: run a sweep or replay recorded rows before exporting")
-        rec = self.recommendation()
+            raise ValueError(f"nothing to export: no rows yet; run a sweep first ({_RUN_FIRST})")
+        rec = self.recommendation_or_none()
         return export_config(rows, self.tuned_config(), directory, chosen_in="sp_lab.tune widget",
                              recommendation=rec)
 
@@ -315,23 +366,23 @@ class Tuner:
         self.tokens = w.Text(value=",".join(map(str, state.token_counts)), description="tokens")
         self.variants = w.SelectMultiple(options=list(REFERENCE_VARIANTS) + [TUNED], value=tuple(state.variants),
                                          description="variants", rows=4)
-        self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play")
-        self.replay_button = w.Button(description="Replay recorded", icon="history")
+        self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play", layout=w.Layout(width="auto"))
+        self.replay_button = w.Button(description="Replay recorded", icon="history", layout=w.Layout(width="auto"))
         self.progress = w.IntProgress(value=0, min=0, max=max(state.total, 1), description="0 / 0")
         self.shape = w.Dropdown(options=list(SHAPES), value=self._shape_label(), description="policy")
         self.slider = w.SelectionSlider(options=self._slider_options(), value=self._slider_value(),
                                         description="async_tp_min_tokens", continuous_update=False,
                                         style={"description_width": "initial"}, layout=w.Layout(width="520px"))
-        self.recommend_button = w.Button(description="Use recommended", icon="star")
+        self.recommend_button = w.Button(description="Use recommended", icon="star", layout=w.Layout(width="auto"))
         self.export_dir = w.Text(value=str(export_dir), description="export to")
-        self.export_button = w.Button(description="Export config", icon="download")
+        self.export_button = w.Button(description="Export config", icon="download", layout=w.Layout(width="auto"))
         self.status = w.HTML()
         self.regret_html = w.HTML()
         self.plot = LiveFigure()
         self.run_button.on_click(lambda _b: self.start_sweep())
         self.replay_button.on_click(lambda _b: self.replay())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
-        self.export_button.on_click(lambda _b: self.export())
+        self.export_button.on_click(lambda _b: self._export_clicked())
         self.slider.observe(lambda change: self.set_threshold(change["new"]), names="value")
         self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
@@ -420,6 +471,14 @@ class Tuner:
         self.redraw()
         self._say(message)
 
+    def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> None:
+        """Overlay predicted curves for ``model`` on ``tp`` x ``gpu`` (``model=""`` clears them) and redraw."""
+        try:
+            self._say(self.state.overlay_prediction(model, gpu, tp))
+        except ValueError as e:
+            self._say(str(e), error=True)
+        self.redraw()
+
     def set_threshold(self, value: int | str | None) -> None:
         """Move the threshold (the slider calls this; ``"never"`` or ``None``): redraw curve and regret."""
         self.state.threshold = None if value in (None, NEVER) else int(value)
@@ -438,20 +497,32 @@ class Tuner:
             self._sync_controls()
             self.redraw()
 
-    def export(self) -> Path | None:
-        """Write the tuned config to the export directory; the status line says what the file says."""
+    def export(self) -> Path:
+        """Write the tuned config to the export directory; the status line says what the file says.
+
+        Raises ``ValueError`` in the calling cell when there is nothing to export (it says to run a sweep first).
+        """
         try:
             path = self.state.export(self.export_dir.value)
         except ValueError as e:
             self._say(f"export failed: {e}", error=True)
-            return None
+            raise
         config = self.state.tuned_config()
         self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}) "
                   f"to <code>{path}</code>")
         return path
 
+    def _export_clicked(self) -> None:
+        """The Export button: a click has no cell to raise into; the status line shows the error."""
+        try:
+            self.export()
+        except ValueError:
+            pass  # already said in the status line
+
     # ------------------------------------------------------------------ drawing
     def _vllm(self) -> int | None:
+        if not self._on_gpu():  # a CPU toy: vLLM's bytes-per-GPU rule says nothing about it
+            return None
         try:
             return self.state.vllm_threshold()
         except (ValueError, OSError):
@@ -469,13 +540,17 @@ class Tuner:
         from sp_lab.viz.latency import plot_latency
 
         state = self.state
-        rec = state.recommendation()
+        rec = state.recommendation_or_none()
         fig = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
                            title=self._title())
         if rec is not None and rec.policy != state.policy():
             for t in rec.policy.thresholds:
                 fig.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
                                       name="recommended", line={"color": "#2ca02c", "dash": "dashdot", "width": 1.5})
+        if state.predicted.height:  # drawn apart (dashed, own legend group), not part of the regret above
+            from sp_lab.viz.predicted import add_predicted_curves
+
+            add_predicted_curves(fig, state.predicted)
         self.plot.show(fig)
         self.progress.value = min(state.done, self.progress.max)
         self.progress.description = f"{state.done} / {state.total}" if state.running or state.done else ""
@@ -485,18 +560,37 @@ class Tuner:
         if rec is None:
             return "<i>a policy needs baseline and sp or sp+async_tp rows at the same token count</i>"
         table = self.state.regret()
+        right = "style='text-align:right;padding:1px 10px'"
+        left = "style='text-align:left;padding:1px 10px'"
         cells = "".join(
-            f"<tr><td>{r['num_tokens']}</td><td>{r['variant_run']}</td><td>{r['latency_us']:.1f}</td>"
-            f"<td>{r['best_variant']}</td><td>{r['best_us']:.1f}</td><td>{100 * r['regret_rel']:.1f}%</td></tr>"
+            f"<tr><td {right}>{r['num_tokens']}</td><td {left}>{r['variant_run']}</td>"
+            f"<td {right}>{r['latency_us']:.1f}</td><td {left}>{r['best_variant']}</td>"
+            f"<td {right}>{r['best_us']:.1f}</td><td {right}>{100 * r['regret_rel']:.1f}%</td></tr>"
             for r in table.iter_rows(named=True))
+        heads = "".join(f"<th {right if i in (0, 2, 4, 5) else left}>{h}</th>" for i, h in enumerate(
+            ("tokens", "config runs", "its latency, us", "fastest variant", "fastest, us", "regret")))
         total = float(table["regret_rel"].sum()) if table.height else float("nan")
         worst = float(table["regret_rel"].max()) if table.height else float("nan")
-        vllm = self._vllm()
         return (f"<b>recommended:</b> {rec.summary()}<br><i>{rec.noise_line()}</i><br>"
-                f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, total {total:.3f}; "
-                f"vLLM's rule (Hopper): {vllm if vllm is not None else 'SP off (hidden < 8192)'}"
-                "<table><tr><th>tokens</th><th>runs</th><th>us</th><th>best</th><th>best us</th><th>regret</th></tr>"
-                f"{cells}</table>")
+                f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, summed over the "
+                f"token counts {100 * total:.1f}%{self._vllm_line()}"
+                "<table style='border-collapse:collapse;margin-top:4px'>"
+                f"<tr style='border-bottom:1px solid #999'>{heads}</tr>{cells}</table>")
+
+    def _vllm_line(self) -> str:
+        """vLLM's own SP rule for comparison, only where it means something: GPU rows (measured or simulated)."""
+        vllm = self._vllm()
+        if not self._on_gpu():
+            return ""
+        rule = f"SP from {vllm} tokens" if vllm is not None else "SP off (hidden size below its limit)"
+        return f"; vLLM's own rule on Hopper for this model and tp: {rule}"
+
+    def _on_gpu(self) -> bool:
+        """The rows shown come from (or predict) a GPU: vLLM's Hopper rule applies to them."""
+        rows = self.state.snapshot()
+        if not rows.height or "device_name" not in rows.columns:
+            return False
+        return self.state.source == SIMULATED or not str(rows["device_name"][0]).lower().startswith("cpu")
 
 
 def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS,
@@ -508,15 +602,23 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
 
     Args:
         model, tp, token_counts, variants, num_layers: the live sweep's setup (editable in the widget).
-        store_dir: sweep store of live rows (a rerun resumes from it); the CLI's default store.
+        store_dir: sweep store of live rows (a rerun resumes from it). The default is the CLI's store in the
+            project (:func:`sp_lab.paths.default_store`), wherever the kernel runs; ``None``: no live sweep.
         config: base ``LabConfig`` the policy gates (default ``LabConfig(tp_size=tp)``).
         threshold: initial threshold (default: the config's ``async_tp_min_tokens``).
-        export_dir: where Export writes the tuned config.
+        export_dir: where Export writes the tuned config (default: the project's ``out/``, as the CLI).
         replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for the
             simulated prediction from the recorded H200 data. ``None`` starts empty (run a sweep or
             press "Replay recorded").
         **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
+    from sp_lab.models.registry import resolve_config
+    from sp_lab.paths import default_out, default_store
+
+    resolve_config(model, num_layers=num_layers)  # a typo is refused here, in the calling cell ("did you mean")
+    # The default spellings mean the project's folders, not the kernel's directory (notebooks/).
+    store_dir = default_store() if store_dir == DEFAULT_STORE else store_dir
+    export_dir = default_out() if export_dir == DEFAULT_OUT else export_dir
     state = TunerState(model=model, tp=tp, token_counts=sorted(set(token_counts)), variants=list(variants),
                        num_layers=num_layers, store_dir=None if store_dir is None else str(store_dir),
                        config=config, sweep_kwargs=dict(sweep_kwargs))

@@ -173,6 +173,7 @@ class MatmulTable:
     def default(cls) -> MatmulTable:
         """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, plus the
         tp=8 chunking table (both measured on one H200)."""
+        # A further dtype's table (e.g. FP8, its meta naming the dtype) is added to this list when it ships.
         paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
         if not paths:
             raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
@@ -291,7 +292,7 @@ def fit_staging(table: MatmulTable, side: str) -> StagingFit:
     rows = table.rows.filter(pl.col("dtype") == "bfloat16")
     mm = rows.filter(pl.col("variant") == "mm").select("m", "n", "k", mm_us="us")
     ws1 = rows.filter(pl.col("variant") == "fused_ws1").select("m", "n", "k", ws1_us="us")
-    both = ws1.join(mm, on=["m", "n", "k"]).join(_SIDE_OF_SHAPE, on=["n", "k"]).filter(pl.col("side") == side)
+    both = ws1.join(mm, on=["m", "n", "k"]).join(_side_of_shape(), on=["n", "k"]).filter(pl.col("side") == side)
     if both.height < 2:
         raise ValueError(f"no fused_ws1 rows for side {side!r}: run benchmarks/bench_matmul_h200.py on a GPU")
     width = both["k"] if side == "ag" else both["n"]
@@ -301,13 +302,12 @@ def fit_staging(table: MatmulTable, side: str) -> StagingFit:
     return StagingFit(fixed_us=max(0.0, float(fixed)), gbps=float(1.0 / (max(slope, 1e-12) * 1e3)))
 
 
+@cache
 def _side_of_shape() -> pl.DataFrame:
+    """``n, k, side`` of every shape the bench measured (its rows say which side each matmul is on)."""
     data = json.loads(SINGLE_GPU_JSON.read_text()) if SINGLE_GPU_JSON.exists() else {"rows": []}
     pairs = {(r["n"], r["k"], r["side"]) for r in data["rows"] if "side" in r}
     return pl.DataFrame(sorted(pairs), schema={"n": pl.Int64, "k": pl.Int64, "side": pl.Utf8}, orient="row")
-
-
-_SIDE_OF_SHAPE = _side_of_shape()
 
 
 @cache
@@ -315,8 +315,8 @@ def host_cost_us() -> dict[str, float]:
     """Host time of one eager call, from ``symm_mem_ws1.json``: ``"mm"`` (a plain matmul) and the fused ops
     ``"ag"`` / ``"rs"`` (median over M: they are launch-bound there, flat in M)."""
     rows = json.loads(SYMM_MEM_WS1_JSON.read_text())["rows"]
-    med = lambda key: float(np.median([r[key] for r in rows]))
-    return {"mm": med("mm_ag_eager"), "ag": med("fused_ag_mm_eager"), "rs": med("fused_mm_rs_eager")}
+    columns = {"mm": "mm_ag_eager", "ag": "fused_ag_mm_eager", "rs": "fused_mm_rs_eager"}
+    return {key: float(np.median([r[col] for r in rows])) for key, col in columns.items()}
 
 
 # ------------------------------------------------------------------------------------------ per GPU

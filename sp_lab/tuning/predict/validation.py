@@ -222,10 +222,11 @@ _PAGE_TAIL = """
 
 - The model is built from PyTorch's symmetric-memory fused ops as they run today (torch 2.11, H200). Their
   tp-chunked matmuls re-read the weights once per chunk, which at small token counts costs several times a
-  single matmul (measured, `docs/measured-h200.md`), and each fused op carries a measured cost of its own.
-  Figures from other fused kernels (Triton-distributed, or kernels without per-chunk launches) are predicted
-  pessimistically, and older PyTorch releases (the kraken table, mid-2025) had larger fixed costs than the
-  one-rank measurement shows.
+  single matmul (measured, [measured-h200.md](measured-h200.md)), and each fused op carries a measured cost of
+  its own. Figures from other fused kernels (Triton-distributed, or kernels without per-chunk launches) are
+  predicted pessimistically. The kraken table (PyTorch of mid-2025) shows the opposite: a fused time nearly flat
+  at ~0.6-0.75 ms over M = 512-2048, a fixed cost the one-rank measurement on torch 2.11 does not show, so there
+  the model is less pessimistic than the published figure.
 - Benchmark method matters most at small token counts: eager calls pay ~0.2-0.33 ms of host time per fused op,
   so a published ratio there depends on the benchmark's own per-call overhead; the added time per call is the
   comparable quantity.
