@@ -6,7 +6,7 @@ validated against published figures). This module stays for the tuning fixtures 
 Until multi-GPU measurements exist, a sweep is *predicted* from two ingredients:
 
 1. **Measured single-GPU matmul times** (:class:`MatmulTable`): one H200, bf16, CUDA-graph replay,
-   shipped under ``sp_lab/data/h200/`` with provenance. ``mm`` rows are one ``[M, K] @ [K, N]`` matmul;
+   shipped under ``data/h200/`` with provenance. ``mm`` rows are one ``[M, K] @ [K, N]`` matmul;
    ``mm_chunked`` rows are the same rows split into ``tp`` chunks, which is what a ``tp``-way fused
    kernel computes (its *chunking penalty*, docs/measured-h200.md). Where no chunked row was measured
    for a shape, the chunked time is ``tp`` matmuls of ``M/tp`` rows read off the ``mm`` rows -- the
@@ -26,7 +26,7 @@ the same in every variant):
 
 Every row this module returns says ``source="simulated"``; :func:`compare_to_measured` refuses to
 mix labels. The model is optimistic for fusion: it assumes perfect overlap inside a fused kernel and
-a constant sync cost, while the world_size-1 measurement (``sp_lab/data/h200/symm_mem_ws1.json``, docs/measured-h200.md)
+a constant sync cost, while the world_size-1 measurement (``data/h200/symm_mem_ws1.json``, docs/measured-h200.md)
 shows the fused kernel costing 1.7-2.2x a plain matmul at M=4096 even with no communication.
 """
 
@@ -99,7 +99,7 @@ class AlphaBeta:
 # this project uses). ASSUMPTIONS, not measured here: beta = 360 GB/s (80% of 450) for all_reduce,
 # reduce_scatter and all_gather alike; alpha = 8 us per collective (NCCL small-message latency within
 # one NVLink node is of order 5-15 us); sync_us = 3 us from the world_size-1 measurement
-# (sp_lab/data/h200/symm_mem_ws1.json, M=8: fused AG+mm 10.4 us vs mm 7.3 us under CUDA graphs).
+# (data/h200/symm_mem_ws1.json, M=8: fused AG+mm 10.4 us vs mm 7.3 us under CUDA graphs).
 H200_NVLINK = AlphaBeta(
     name="h200-nvlink4",
     alpha_us=8.0,

@@ -5,7 +5,7 @@ the TP shard shapes of the shipped model presets, so that "the rule trained on t
 the fixture's decisions" is a meaningful test with a known answer:
 
 - matmul times: a roofline (``fit_roofline``) fitted to the MEASURED single-H200 table
-  ``sp_lab/data/h200/gemm_chunking_tp8.json`` (Llama-3-70B TP=8 shapes), so times have the right scale;
+  ``data/h200/gemm_chunking_tp8.json`` (Llama-3-70B TP=8 shapes), so times have the right scale;
 - fused kernel: ``tp`` chunk matmuls overlapped with its collective, ``max(chunked, comm) + sync``;
 - communication: the alpha-beta model ``H200_NVLINK`` (its constants are assumptions, see simulate.py).
 
@@ -59,7 +59,7 @@ def build() -> dict:
     meta = {
         "what": "SYNTHETIC fixture for tests (source=simulated): NOT a measurement",
         "generator": "tests/data/make_tuning_fixture.py",
-        "matmul_model": f"roofline fitted to sp_lab/data/h200/gemm_chunking_tp8.json: {roofline}",
+        "matmul_model": f"roofline fitted to data/h200/gemm_chunking_tp8.json: {roofline}",
         "comm_model": f"{H200_NVLINK.name}: alpha {H200_NVLINK.alpha_us} us, beta {H200_NVLINK.beta_gbps} GB/s, "
                       f"sync {H200_NVLINK.sync_us} us ({H200_NVLINK.source})",
         "fused_us": "max(tp chunk matmuls, collective) + sync",
