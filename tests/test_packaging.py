@@ -200,12 +200,9 @@ def installed_wheel(tmp_path_factory) -> Path:
         names = set(zf.namelist())
     assert "sp_lab/data/models/llama-3-70b.json" in names
     assert "sp_lab/data/h200/gemm_chunking_tp8.json" in names
-<<<<<<< Updated upstream
     # the performance model's hardware constants and the published figures it is validated against
     assert {"sp_lab/data/hardware.json", "sp_lab/data/published_figures.json"} <= names
-=======
     assert "sp_lab/data/new-folder/table.json" in names
->>>>>>> Stashed changes
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
                    check=True)

@@ -156,7 +156,11 @@ def test_never_is_one_explicit_value_in_widget_file_and_provenance(tmp_path):
     assert provenance["policy"] == "baseline everywhere (SP and AsyncTP never)"
     # what the file says is what the widget printed
     assert f"{provenance['policy']} (async_tp_min_tokens=never)" in tuner.status.value
-    assert json.loads(path.read_text())["vllm"]["compilation_config"]["pass_config"]["enable_sp"] is False
+    # vLLM 0.34 has no SP fields: "never" is vLLM's compile config without them, CUDA graphs as chosen (none)
+    assert json.loads(path.read_text())["vllm"] == {
+        "release": "0.34.0", "does": "In vLLM 0.34.0 this runs plain TP (SP and AsyncTP off) at every token count, "
+        "no CUDA graphs.", "compilation_config": {"mode": 3, "cudagraph_mode": "NONE"}}
+    assert path.with_name(path.stem + ".min_tokens_per_rank.py").is_file()
 
 
 def test_each_arriving_row_redraws_the_plot(rows, monkeypatch, tmp_path):

@@ -185,3 +185,36 @@ def test_training_refuses_mixed_sources_and_too_few_shapes(rows):
     with pytest.raises(ValueError, match="unknown features"):
         T.feature_matrix(rows.head(2), ["m", "flops"])
     assert np.isfinite(T.feature_matrix(rows.head(3))).all()
+
+
+def test_no_split_answers_the_same_on_both_sides_and_unsure_stays_possible():
+    """A split whose two leaves both say no_fuse is one leaf; a leaf whose samples agree only 6 to 4 is "unsure"
+    (the confidence threshold never drops to where no leaf can fall under it)."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sp_lab.rules import Leaf, Split
+
+    # M <= 8: 10 x no_fuse; M > 8: 6 x no_fuse, 4 x fuse. The tree splits (the right half is less pure),
+    # but both halves answer no_fuse.
+    m = np.array([[1.0]] * 10 + [[64.0]] * 10)
+    y = np.array(["no_fuse"] * 10 + ["no_fuse"] * 6 + ["fuse"] * 4)
+    tree = DecisionTreeClassifier(max_depth=1).fit(m, y)
+    assert tree.tree_.node_count == 3  # sklearn did split
+    rule = T.tree_to_rule(tree, ["m"], min_confidence=0.5)  # both halves answer no_fuse
+
+    def splits_with_equal_leaves(node):
+        if isinstance(node, Leaf):
+            return 0
+        same = isinstance(node.left, Leaf) and isinstance(node.right, Leaf) and node.left.choice == node.right.choice
+        return int(same) + splits_with_equal_leaves(node.left) + splits_with_equal_leaves(node.right)
+
+    assert not isinstance(rule.root, Split) and splits_with_equal_leaves(rule.root) == 0
+    assert rule.root.choice == "no_fuse" and rule.root.samples == 20 and rule.root.confidence == pytest.approx(0.8)
+    # the 6:4 leaf on its own, kept as a split from a clean one, is unsure at the least threshold
+    y2 = np.array(["fuse"] * 10 + ["no_fuse"] * 6 + ["fuse"] * 4)
+    split = T.tree_to_rule(DecisionTreeClassifier(max_depth=1).fit(m, y2), ["m"], min_confidence=T.MIN_CONFIDENCE)
+    assert split.decide(64, 1, 1) == "unsure" and split.decide(1, 1, 1) == "fuse"
+    # a validation set with no costly mistakes still gets a threshold a leaf can fall under
+    labelled = pl.DataFrame({"fused_us": [1.0] * 20, "unfused_us": [1.0] * 20})
+    threshold, _ = T.choose_confidence_threshold(tree, m, labelled)
+    assert threshold >= T.MIN_CONFIDENCE > 0.5

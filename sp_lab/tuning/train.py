@@ -95,10 +95,27 @@ def tree_to_rule(tree: DecisionTreeClassifier, feature_names: Sequence[str], *, 
             conf = float(dist[best])
             choice = classes[best] if conf >= min_confidence else "unsure"
             return Leaf(choice=choice, confidence=round(conf, 6), samples=int(t.n_node_samples[i]))
-        return Split(feature=feature_names[t.feature[i]], threshold=float(t.threshold[i]),
-                     left=node(t.children_left[i]), right=node(t.children_right[i]))
+        return _merged(Split(feature=feature_names[t.feature[i]], threshold=float(t.threshold[i]),
+                             left=node(t.children_left[i]), right=node(t.children_right[i])))
 
     return MatmulRule(node(0), dict(meta or {}))
+
+
+def _merged(split: Split) -> Split | Leaf:
+    """A split whose two sides answer the same is one leaf: the tree found purer halves, but the rule's answer
+    does not depend on the feature (drawn as is, it reads "no_fuse if M <= 96 else no_fuse")."""
+    left, right = split.left, split.right
+    if not (isinstance(left, Leaf) and isinstance(right, Leaf) and left.choice == right.choice):
+        return split
+    samples = left.samples + right.samples
+    confidence = ((left.confidence * left.samples + right.confidence * right.samples) / samples if samples
+                  else min(left.confidence, right.confidence))
+    return Leaf(choice=left.choice, confidence=round(confidence, 6), samples=samples)
+
+
+MIN_CONFIDENCE = 0.75
+"""The least confidence threshold a trained rule gets: a leaf whose training samples agree less than 3 to 1
+answers "unsure" whatever the validation shapes say (they may simply not reach it)."""
 
 
 def choose_confidence_threshold(tree: DecisionTreeClassifier, x_val: np.ndarray, val: pl.DataFrame,
@@ -124,7 +141,9 @@ def choose_confidence_threshold(tree: DecisionTreeClassifier, x_val: np.ndarray,
                       "unsure_fraction": float(np.mean(~answered))})
     table = pl.DataFrame(table)
     ok = table.filter(pl.col("wrong_fraction") <= max_wrong)
-    return float(ok["threshold"].min()), table  # 1+eps (all unsure) always qualifies
+    # 1+eps (all unsure) always qualifies. Never below MIN_CONFIDENCE: a threshold a leaf cannot fall under
+    # (any two-class leaf has at least 0.5) would make "unsure" impossible by construction.
+    return max(float(ok["threshold"].min()), MIN_CONFIDENCE), table
 
 
 # -------------------------------------------------------------------------------------- evaluation

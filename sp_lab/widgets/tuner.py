@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from sp_lab.programs import REFERENCE_VARIANTS
-from sp_lab.tuning.export import data_hash, export_config, threshold_text
+from sp_lab.tuning.export import data_hash, describe_file, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
 from sp_lab.tuning.regret import one_source, regret_table
 from sp_lab.vocabulary import (
@@ -324,7 +324,7 @@ class TunerState:
 
     def vllm_threshold(self, capability: tuple[int, int] = (9, 0)) -> int | None:
         """vLLM's bytes-per-GPU SP threshold for this setup on Hopper (``None``: vLLM leaves SP off)."""
-        from sp_lab.config import vllm_sp_min_token_num
+        from sp_lab.vllm_releases import vllm_sp_min_token_num
 
         s = self._setup()
         return vllm_sp_min_token_num(s["hidden_size"], _dtype_bytes(s["dtype"]), s["tp"], capability)
@@ -510,6 +510,7 @@ class Tuner:
         config = self.state.tuned_config()
         self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}) "
                   f"to <code>{path}</code>")
+        print(describe_file(path))  # what the file does in vLLM, model code and torch.compile, in the cell
         return path
 
     def _export_clicked(self) -> None:
