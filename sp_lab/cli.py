@@ -294,9 +294,9 @@ def _one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
     from sp_lab.tuning.regret import one_source
 
     try:
-        return one_source(df, source, prefer=TUNABLE_SOURCES)
+        return one_source(df, source, prefer=TUNABLE_SOURCES, option="--source ")
     except ValueError as e:
-        raise CliError(f"{e} (--source)") from None
+        raise CliError(str(e)) from None
 
 
 def _recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:
