@@ -207,7 +207,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     rows = SweepStore(store).read()
     rows.with_columns(
         pl.when(pl.col("num_tokens") == 1)
-        .then(pl.lit("simulated"))
+        .then(pl.lit("predicted"))  # a model's rows keep their source: never relabelled as tunable timings
         .otherwise(pl.col("source"))
         .alias("source")
     ).write_parquet(recorded)
@@ -216,7 +216,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     assert cli.main(["replay", str(recorded), "--store", str(dest)]) == 0  # idempotent
     got = SweepStore(dest).read()
     assert got.height == 15
-    assert got.group_by("source").len().sort("source").rows() == [("replayed", 12), ("simulated", 3)]
+    assert got.group_by("source").len().sort("source").rows() == [("predicted", 3), ("replayed", 12)]
 
 
 def test_replay_refuses_rows_without_provenance(tmp_path, capsys):

@@ -41,8 +41,8 @@ from sp_lab.tuning.policy import recommend
 from sp_lab.tuning.predict.hardware import gpu_names
 from sp_lab.tuning.predict.kernels import MatmulTable, dtype_bytes
 from sp_lab.tuning.predict.layer import Target, predict_layers
+from sp_lab.tuning.predict.measured import compare_to_measured
 from sp_lab.tuning.regret import regret_table
-from sp_lab.tuning.simulate import compare_to_measured
 from sp_lab.vllm_releases import vllm_sp_min_token_num
 from sp_lab.vocabulary import describe_threshold
 

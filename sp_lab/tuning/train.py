@@ -1,6 +1,7 @@
 """Train the per-matmul fusion rule from fused-vs-unfused rows, AutoHeuristic style.
 
-Rows (from :func:`sp_lab.tuning.microbench.measure_matmuls` or the what-if model) hold, per matmul
+Rows (from :func:`sp_lab.tuning.microbench.measure_matmuls` or the performance model's
+:func:`~sp_lab.tuning.predict.layer.matmul_rows`) hold, per matmul
 shape and token count, ``m, n, k, tp, unfused_us, fused_us`` and a ``source``. Training:
 
 1. **Label** each row with the faster choice: ``"fuse"`` when ``fused_us < unfused_us * (1 - margin)``,
@@ -45,7 +46,15 @@ def _check_rows(rows: pl.DataFrame) -> pl.DataFrame:
     missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
     if missing:
         raise ValueError(f"training rows lack columns {missing}; need {REQUIRED_COLUMNS}, got {rows.columns}")
+<<<<<<< HEAD
     rows = one_source(rows)  # train on measured or simulated rows, never both
+=======
+    if "source" in rows.columns and rows["source"].n_unique() > 1:
+        raise ValueError(
+            f"rows mix sources {sorted(rows['source'].unique())}; train on measured or predicted rows, not both "
+            "(filter with rows.filter(pl.col('source') == 'measured'))"
+        )
+>>>>>>> main
     bad = rows.filter(pl.col("unfused_us").is_null() | pl.col("fused_us").is_null())
     if bad.height:
         warnings.warn(f"dropping {bad.height} rows without both timings (failed measurements)", stacklevel=3)

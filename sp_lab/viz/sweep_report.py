@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.vocabulary import PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
+from sp_lab.vocabulary import PREDICTED, PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -182,7 +182,8 @@ def write_report(
                     "the black config curve only after dividing by it." if drift is not None else "")
         parts.append("<p class='warn'>The <b>tuned</b> rows were measured in a later sweep than the reference "
                      f"variants, not interleaved with them.{measured}</p>")
-    for source, what in ((SIMULATED, "simulated (what-if model), not measured"),
+    for source, what in ((PREDICTED, "predicted by the performance model (sp_lab.tuning.predict), not measured"),
+                         (SIMULATED, "simulated (the retired what-if model of an older sp_lab), not measured"),
                          (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
         if source in sources:
             parts.append(f"<p class='warn'>Some rows are <b>{what}</b>.</p>")
