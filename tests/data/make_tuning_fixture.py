@@ -5,19 +5,12 @@ Nothing in it is a measurement. It is the performance model (``sp_lab.tuning.pre
 presets for 2-8 H200s, so that "the rule trained on the fixture reproduces the fixture's decisions" is a
 meaningful test with a known answer:
 
-<<<<<<< HEAD
-- matmul times: a roofline (``fit_roofline``) fitted to the MEASURED single-H200 table
-  ``data/h200/gemm_chunking_tp8.json`` (Llama-3-70B TP=8 shapes), so times have the right scale;
-- fused kernel: ``tp`` chunk matmuls overlapped with its collective, ``max(chunked, comm) + sync``;
-- communication: the alpha-beta model ``H200_NVLINK`` (its constants are assumptions, see simulate.py).
-=======
 - matmul times: a roofline fitted to the MEASURED single-H200 tables under ``data/h200/`` for every
   shape (``measured_shapes=False``: one smooth function of the shape, so a tree can learn it; reading the
   measured rows where they exist makes the fixture switch between measurement and fit from shape to shape);
 - fused kernel: its chunk pipeline (fill, contention, drain) plus the fused op's own cost (a line fitted to
   the one-rank H200 measurements of each side);
 - communication: the alpha-beta model of H200 NVLink in ``data/hardware.json`` (sources there).
->>>>>>> main
 
 Every row says ``source="predicted"``. Run from the repository root:
 
@@ -63,18 +56,11 @@ def build() -> dict:
     meta = {
         "what": "SYNTHETIC fixture for tests (source=predicted): NOT a measurement",
         "generator": "tests/data/make_tuning_fixture.py",
-<<<<<<< HEAD
-        "matmul_model": f"roofline fitted to data/h200/gemm_chunking_tp8.json: {roofline}",
-        "comm_model": f"{H200_NVLINK.name}: alpha {H200_NVLINK.alpha_us} us, beta {H200_NVLINK.beta_gbps} GB/s, "
-                      f"sync {H200_NVLINK.sync_us} us ({H200_NVLINK.source})",
-        "fused_us": "max(tp chunk matmuls, collective) + sync",
-=======
         "model": "sp_lab.tuning.predict.layer.matmul_rows(measured_shapes=False), graph timing, bf16",
         "gpu": target.gpu.label,
         "interconnect": f"{ic.label}: busbw {ic.busbw_gbps} GB/s, alpha {ic.alpha_us} us, copy {ic.copy_gbps} GB/s "
                         f"+ {ic.copy_alpha_us} us ({ic.assumption})",
         "fused_us": "chunk pipeline (fill, contention, drain) + the fused op's own cost measured on one H200",
->>>>>>> main
         "unfused_us": "one matmul + its collective (all_gather before AG side, reduce_scatter after RS side)",
         "models": list(MODELS), "tp": list(TPS), "tokens": TOKENS,
     }

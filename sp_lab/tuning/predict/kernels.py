@@ -189,16 +189,9 @@ class MatmulTable:
 
     @classmethod
     def default(cls) -> MatmulTable:
-<<<<<<< HEAD
-        """The tables shipped under ``data/h200/``: the single-GPU bench output when present, plus the
-        tp=8 chunking table (both measured on one H200)."""
-        # A further dtype's table (e.g. FP8, its meta naming the dtype) is added to this list when it ships.
-        paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
-=======
         """The tables shipped under ``data/h200/``: the single-GPU bench output when present, the tp=8
         chunking table and, once shipped, the FP8 bench output (all measured on one H200)."""
         paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON, FP8_SINGLE_GPU_JSON) if p.exists()]
->>>>>>> main
         if not paths:
             raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
         return cls.from_files(*paths)
