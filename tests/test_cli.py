@@ -266,7 +266,7 @@ def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_pat
     out = capsys.readouterr().out
     assert "vLLM 0.18.1 (chosen): In vLLM 0.18.1 this runs SP + AsyncTP from 64 tokens" in out
     assert "vllm serve" in out and '"sp_min_token_num":64' in out and '"compile_ranges_endpoints":[63]' in out
-    assert "WARNING: tuned on gloo on CPU" in out and "next: run the same sweep on the GPUs" in out
+    assert "WARNING: tuned on gloo on CPU" in out and "next: measure on the GPUs you serve on" in out
     (fn,) = tmp_path.glob("*.min_tokens_per_rank.py")
     assert fn.name in out
     assert cli.main([*argv, "--vllm-release", "0.13"]) == 0
