@@ -293,18 +293,13 @@ def _one_group(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
-    """Rows of ``source``, else the measured rows, else the replayed ones (others only when named)."""
-    import polars as pl
+    """Rows of ``source``, else the measured rows, else the replayed ones (others only when named: --source)."""
+    from sp_lab.tuning.regret import one_source
 
-    present = sorted(df["source"].unique().to_list())
-    if source is None:
-        source = next((s for s in TUNABLE_SOURCES if s in present), None)
-        if source is None:
-            raise CliError(f"no measured or replayed rows (sources here: {present}); pass --source "
-                           f"{' or --source '.join(present)} to tune on those rows")
-    if source not in present:
-        raise CliError(f"no rows with source={source!r}; sources here: {present}")
-    return df.filter(pl.col("source") == source)
+    try:
+        return one_source(df, source, prefer=TUNABLE_SOURCES, option="--source ")
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def _recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:
