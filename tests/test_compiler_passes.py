@@ -382,3 +382,12 @@ def test_passes_match_the_untransformed_function_on_each_ranks_shard(gloo_passes
         assert after["all_reduce"] == 0, (rank, after)  # the rewrite ran: not a comparison of identical graphs
         if case.endswith("sp+async_tp"):
             assert after["fused_all_gather_matmul"] + after["fused_matmul_reduce_scatter"] > 0, (rank, after)
+
+
+def test_gate_reads_the_operand_width_of_a_scaled_matmul(group):
+    # A rule that fuses 2-byte (bf16) matmuls only: the FP8 stack's scaled matmuls stay unfused, judged as 1-byte.
+    rule = MatmulRule(Split("dtype_bytes", 1.5, Leaf("no_fuse"), Leaf("fuse")))
+    seen = capture(Fp8Stack(tp=TP), lambda g: (sequence_parallel(g), async_tp(g, rule=rule))[1],
+                   torch.randn(7, 32).bfloat16())
+    assert [c.decision for c in seen["result"].candidates] == ["no_fuse"] * 3
+    assert seen["after"]["fused_all_gather_matmul"] + seen["after"]["fused_matmul_reduce_scatter"] == 0
