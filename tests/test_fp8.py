@@ -291,3 +291,13 @@ def test_rule_training_refuses_pooled_bf16_and_fp8_rows_and_learns_both_with_the
     # The same matmul at 512 tokens: past the bf16 crossover, short of the FP8 one.
     assert rule.decide(512, 4096, 1024, 4, dtype_bytes=2) == "fuse"
     assert rule.decide(512, 4096, 1024, 4, dtype_bytes=1) == "no_fuse"
+
+
+def test_policy_refuses_rows_pooling_bf16_and_fp8_sweeps():
+    pytest.importorskip("polars")
+    from sp_lab.tuning.policy import recommend
+
+    rows = [{"num_tokens": t, "variant": v, "latency_us": 100.0 + t, "dtype": dtype, "source": "measured"}
+            for dtype in ("bfloat16", "fp8-rowwise") for t in (16, 64) for v in ("baseline", "sp+async_tp")]
+    with pytest.raises(ValueError, match=r"rows of several dtypes \['bfloat16', 'fp8-rowwise'\]"):
+        recommend(rows, sp_lab.LabConfig(tp_size=2))
