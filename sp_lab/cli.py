@@ -126,11 +126,21 @@ def _add_filter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-corrupt", action="store_true", help="quarantine unreadable part files and go on")
 
 
-def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
-    from sp_lab.vllm_releases import DEFAULT_RELEASE, RELEASES
+def _vllm_release(text: str) -> str:
+    from sp_lab.vllm_releases import release
 
-    p.add_argument("--vllm-release", choices=list(RELEASES), default=DEFAULT_RELEASE,
-                   help=f"vLLM release the file's vllm section is written for (default {DEFAULT_RELEASE})")
+    try:
+        return release(text).version
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(e.args[0]) from None
+
+
+def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
+    from sp_lab.vllm_releases import DEFAULT_RELEASE
+
+    p.add_argument("--vllm-release", type=_vllm_release, default=None,
+                   help="vLLM release the file's vllm section is written for, e.g. 0.18 or 0.31.0 (default: the "
+                   f"installed vLLM, else the newest known, {DEFAULT_RELEASE})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -337,7 +347,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from sp_lab.tuning.export import export_config, threshold_text
+    from sp_lab.tuning.export import describe_file, export_config
     from sp_lab.tuning.policy import Policy
     from sp_lab.vocabulary import BASELINE, SP_ASYNC_TP
 
@@ -351,7 +361,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         config = rec.config
     path = export_config(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
                          vllm_release=args.vllm_release)
-    print(f"tuned config ({Policy.of(config).name}; async_tp_min_tokens={threshold_text(config)}) -> {path}")
+    print(describe_file(path))
     return 0
 
 
@@ -411,13 +421,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         _sweep(args, store=store, variants=[TUNED], config=tuned, reports_dir=reports, progress=True)
     if not _is_rank0():
         return 0
-    from sp_lab.tuning.export import export_config
+    from sp_lab.tuning.export import describe_file, export_config
     from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _one_group(_one_source(_load_rows(store), MEASURED))
     path = export_config(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
                          vllm_release=args.vllm_release)
-    print(f"[4/5] tuned config -> {path}")
+    print(f"[4/5] {describe_file(path)}")
     overview = reports / "sp+async_tp.json"
     try:
         html_path = write_report(df, out / Path(DEFAULT_REPORT).relative_to(DEFAULT_OUT), store=store, recommendation=rec,

@@ -159,7 +159,7 @@ import json, sys
 from pathlib import Path
 import sp_lab
 from sp_lab.models import available, build
-from sp_lab.tuning.simulate import MatmulTable
+from sp_lab.tuning.predict.kernels import MatmulTable
 
 package = Path(sp_lab.__file__).resolve().parent
 assert package.is_relative_to(Path(sys.prefix).resolve()), f"sp_lab imported from {package}, not the venv"

@@ -13,7 +13,7 @@ from sp_lab.config import LabConfig, load_tuned_config
 from sp_lab.tuning.regret import regret_table
 from sp_lab.viz.latency import CONFIG_META
 from sp_lab.widgets import tuner as tuner_module
-from sp_lab.widgets.tuner import TunerState, simulated_rows, tune
+from sp_lab.widgets.tuner import TunerState, predicted_rows, tune
 
 TOKENS = [1, 8, 64, 512]
 # baseline is flat-ish, sp+async_tp pays a fixed cost and wins from 512 tokens on
@@ -70,7 +70,7 @@ def test_rows_arrive_one_by_one_and_recommendation_waits_for_both_variants():
 def test_mixed_sources_are_refused(rows):
     state = TunerState(tp=2)
     with pytest.raises(ValueError, match="mix sources"):
-        state.set_rows(pl.concat([rows, rows.with_columns(source=pl.lit("simulated"))]))
+        state.set_rows(pl.concat([rows, rows.with_columns(source=pl.lit("predicted"))]))
 
 
 def test_export_round_trips_the_policy(rows, tmp_path):
@@ -120,12 +120,26 @@ def test_live_sweep_needs_a_store():
         TunerState(tp=2).run_sweep()
 
 
-def test_simulated_replay_is_labelled_and_has_the_plot_columns():
-    df = simulated_rows("llama-3-70b", 8, [1, 512, 4096])
-    assert set(df["source"]) == {"simulated"}
+def test_demo_replay_is_the_performance_model_and_says_so_everywhere(tmp_path):
+    from sp_lab.tuning.predict.layer import predict_layers
     from sp_lab.viz.latency import SWEEP_COLUMNS
 
-    assert not set(SWEEP_COLUMNS) - set(df.columns)
+    df = predicted_rows("llama-3-70b", 8, [1, 512, 4096])
+    assert set(df["source"]) == {"predicted"} and not set(SWEEP_COLUMNS) - set(df.columns)
+    # one model: the demo rows are the performance model's whole-layer rows, not another formula
+    model = predict_layers("llama-3-70b", 8, [1, 512, 4096], "h200", full_layer=True).sort("num_tokens", "variant")
+    assert df.sort("num_tokens", "variant")["latency_us"].to_list() == model["latency_us"].to_list()
+
+    tuner = tune("llama-3-70b", tp=8, token_counts=[1, 512, 4096], store_dir=None, export_dir=tmp_path, replay=True)
+    assert tuner.state.source == "predicted" and "predicted by the performance model" in tuner.status.value
+    assert "source: predicted" in tuner.figure.layout.title.text
+    assert {t.name for t in tuner.figure.data if t.name} >= {"baseline (predicted)", "sp+async_tp (predicted)"}
+    assert "from predicted rows: the performance model's choice, not measured" in tuner.regret_html.value
+    with pytest.raises(ValueError, match="allow_predicted"):  # exporting the model's choice needs an explicit call
+        tuner.export()
+    path = tuner.export(allow_predicted=True)
+    assert json.loads(path.read_text())["provenance"]["source"] == "predicted"
+    assert "from predicted rows: not measured" in tuner.status.value
 
 
 def _gated_trace(tuner):
@@ -156,7 +170,11 @@ def test_never_is_one_explicit_value_in_widget_file_and_provenance(tmp_path):
     assert provenance["policy"] == "baseline everywhere (SP and AsyncTP never)"
     # what the file says is what the widget printed
     assert f"{provenance['policy']} (async_tp_min_tokens=never)" in tuner.status.value
-    assert json.loads(path.read_text())["vllm"]["compilation_config"]["pass_config"]["enable_sp"] is False
+    # vLLM 0.34 has no SP fields: "never" is vLLM's compile config without them, CUDA graphs as chosen (none)
+    assert json.loads(path.read_text())["vllm"] == {
+        "release": "0.34.0", "does": "In vLLM 0.34.0 this runs plain TP (SP and AsyncTP off) at every token count, "
+        "no CUDA graphs.", "compilation_config": {"mode": 3, "cudagraph_mode": "NONE"}}
+    assert path.with_name(path.stem + ".min_tokens_per_rank.py").is_file()
 
 
 def test_each_arriving_row_redraws_the_plot(rows, monkeypatch, tmp_path):

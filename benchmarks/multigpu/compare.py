@@ -35,14 +35,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from sp_lab.config import LabConfig, vllm_sp_min_token_num
+from sp_lab.config import LabConfig
 from sp_lab.models.registry import resolve_config
 from sp_lab.tuning.policy import recommend
 from sp_lab.tuning.predict.hardware import gpu_names
 from sp_lab.tuning.predict.kernels import MatmulTable, dtype_bytes
 from sp_lab.tuning.predict.layer import Target, predict_layers
+from sp_lab.tuning.predict.measured import compare_to_measured
 from sp_lab.tuning.regret import regret_table
-from sp_lab.tuning.simulate import compare_to_measured
+from sp_lab.vllm_releases import vllm_sp_min_token_num
 from sp_lab.vocabulary import NEVER
 
 SETUP = ("model", "tp", "boundary", "num_layers", "dtype", "hidden_size", "device_name")

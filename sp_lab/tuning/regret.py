@@ -55,7 +55,7 @@ def one_source(frame: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
         return frame.filter(pl.col("source") == source)
     if len(sources) > 1:
         raise ValueError(
-            f"rows mix sources {sources}: measured, simulated, rehearsal and replayed latencies are never "
+            f"rows mix sources {sources}: measured, predicted, rehearsal and replayed latencies are never "
             f"compared unlabelled; pass source= one of {sources}"
         )
     return frame

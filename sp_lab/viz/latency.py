@@ -17,7 +17,8 @@ Drawing rules (they exist because each one hid a wrong conclusion before):
   stays readable when the regret is 0 everywhere;
 - a row whose fusion did not fire (``fusion_missing``) is drawn as its own hollow-marker series
   "<variant> (fusion did not fire)" and never as the variant it claims to be;
-- simulated rows are dashed and labelled "simulated", rehearsal rows dotted and labelled "rehearsal";
+- predicted rows (the performance model) and simulated ones (the retired what-if model, in old stores) are
+  dashed and labelled with their source, rehearsal rows dotted and labelled "rehearsal";
 - replayed rows carry their provenance (device, tp, torch) in the label;
 - provenance fields that differ between rows (model, device, tp, torch, boundary, dtype) are
   appended to every label so two machines' curves never share a legend entry.
@@ -40,6 +41,7 @@ from sp_lab.vocabulary import (
     BASELINE,
     LEGEND_COLUMNS,
     MEASURED,
+    PREDICTED,
     REHEARSAL,
     SIMULATED,
     SP,
@@ -56,8 +58,8 @@ SWEEP_COLUMNS = ("num_tokens", "variant", "latency_us", "p10_us", "p90_us", "fus
 """Columns every row to plot has (``ci_low_us`` / ``ci_high_us`` are used when present)."""
 VARIANT_COLORS = {BASELINE: "#7f7f7f", SP: "#1f77b4", SP_ASYNC_TP: "#ff7f0e", TUNED: "#2ca02c"}
 _EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-_OWN_SOURCES = (MEASURED, SIMULATED, REHEARSAL)  # rows made here; any other source is replayed
-_DASH = {SIMULATED: "dash", REHEARSAL: "dashdot"}
+_OWN_SOURCES = (MEASURED, PREDICTED, SIMULATED, REHEARSAL)  # rows made here; any other source is replayed
+_DASH = {PREDICTED: "dash", SIMULATED: "dash", REHEARSAL: "dashdot"}
 _GROUP_COLUMNS = ("source", *LEGEND_COLUMNS)
 CONFIG_META = "gated"
 """``meta`` of the trace drawing what the config runs at each token count (tests and the tuner find it)."""
@@ -143,7 +145,7 @@ def _is_replayed(source: str) -> bool:
 def _provenance_suffix(source: str, prov: Mapping, varying: Sequence[str]) -> str:
     """What tells rows of this source/provenance apart in a legend ("" for plain measured rows)."""
     label = ""
-    if source in (SIMULATED, REHEARSAL):
+    if source in _DASH:
         label += f" ({source})"
     elif _is_replayed(source):
         label += f" [{prov['device_name']}, tp{prov['tp']}, torch {prov['torch_version']}]"

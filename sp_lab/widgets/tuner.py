@@ -2,7 +2,7 @@
 
 Two layers, so that everything but the drawing is testable without a browser:
 
-- :class:`TunerState` holds the rows (live, replayed or simulated), the chosen policy (which variant
+- :class:`TunerState` holds the rows (live, replayed, or a predicted demo), the chosen policy (which variant
   below and above the threshold, and the threshold or "never") and the setup, and answers every
   question the view asks: the config's curve and regret (:func:`sp_lab.tuning.regret.regret_table`,
   the one regret), the recommendation with its confidence (:func:`sp_lab.tuning.policy.recommend`),
@@ -15,10 +15,11 @@ Two layers, so that everything but the drawing is testable without a browser:
 Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
-recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data
-(``source="simulated"``, labelled so everywhere). Separately, :meth:`Tuner.overlay_prediction` draws the
-performance model's curves for a chosen preset and GPU beside the rows (dashed, "predicted" legend group),
-never mixed into the rows, the regret or the recommendation.
+recorded GPU sweep exists, a demo made wholly of the performance model's rows for this model on ``tp`` H200s
+(:func:`predicted_rows`, ``source="predicted"``: labelled so in the legend, the status line and the
+recommendation; never mixed with measured rows, and exporting them is refused). Separately,
+:meth:`Tuner.overlay_prediction` draws the model's curves for a chosen preset and GPU beside measured rows
+(dashed, "predicted" legend group), never mixed into the rows, the regret or the recommendation.
 
     import sp_lab
     tuner = sp_lab.tune("toy", tp=2, token_counts=[3, 16, 64])
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from sp_lab.programs import REFERENCE_VARIANTS
-from sp_lab.tuning.export import data_hash, export_config, threshold_text
+from sp_lab.tuning.export import data_hash, describe_file, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
 from sp_lab.tuning.regret import regret_table
 from sp_lab.vocabulary import (
@@ -46,7 +47,7 @@ from sp_lab.vocabulary import (
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    SIMULATED,
+    PREDICTED,
     SP,
     SP_ASYNC_TP,
     TUNED,
@@ -66,25 +67,28 @@ DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _RUN_FIRST = "tuner.run_sweep() or the Run sweep button; or replay recorded rows: tuner.replay(STORE_DIR)"
 """Token counts a live sweep measures unless told otherwise."""
 
-# What the latency plot needs that the what-if model does not produce (it has no spread, no torch run).
-_SIMULATED_FILL = {"p10_us": None, "p90_us": None, "torch_version": "n/a (simulated)", "boundary": "sharded"}
+# What the latency plot needs that the performance model does not produce (it has no spread, no torch run).
+_PREDICTED_FILL = {"p10_us": None, "p90_us": None, "torch_version": "n/a (predicted)", "boundary": "sharded"}
+DEMO_GPU = "h200"
+"""The GPU a demo replay (``replay(None)``) is predicted for: the one the kernel tables were measured on."""
 
 
 def _dtype_bytes(dtype: str) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype).removeprefix("torch."), 2)
 
 
-def simulated_rows(model: str, tp: int, token_counts: Sequence[int], *, num_layers: int | None = None,
+def predicted_rows(model: str, tp: int, token_counts: Sequence[int], *, num_layers: int | None = None,
                    variants: Sequence[str] = REFERENCE_VARIANTS) -> pl.DataFrame:
-    """The what-if model's sweep (:func:`sp_lab.tuning.simulate.predict_sweep`) in sweep-row columns.
+    """The performance model's sweep (:func:`sp_lab.tuning.predict.layer.predict_layers`: whole layers on ``tp``
+    H200s, graph timing) in sweep-row columns: the tuner's demo when no recorded GPU sweep exists.
 
-    Rows say ``source="simulated"``; ``p10_us``/``p90_us`` equal the prediction (no spread).
+    Rows say ``source="predicted"``; ``p10_us``/``p90_us`` equal the prediction (no spread).
     """
-    from sp_lab.tuning.simulate import predict_sweep
+    from sp_lab.tuning.predict.layer import predict_layers
 
-    df = predict_sweep(model, tp, token_counts, num_layers=num_layers)
+    df = predict_layers(model, tp, token_counts, DEMO_GPU, num_layers=num_layers, full_layer=True)
     df = df.filter(pl.col("variant").is_in(list(variants)))
-    fill = {k: (pl.col("latency_us") if v is None else pl.lit(v)) for k, v in _SIMULATED_FILL.items()}
+    fill = {k: (pl.col("latency_us") if v is None else pl.lit(v)) for k, v in _PREDICTED_FILL.items()}
     return df.with_columns(**fill)
 
 
@@ -113,7 +117,7 @@ class TunerState:
     threshold: int | None = 128
     """The threshold (the slider); ``None`` is "never": the ``shape[0]`` variant everywhere."""
     rows: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
-    """All rows shown, one source at a time (measured, replayed, rehearsal or simulated)."""
+    """All rows shown, one source at a time (measured, replayed, rehearsal or a predicted demo)."""
     running: bool = False
     """A live sweep is in progress."""
     done: int = 0
@@ -167,13 +171,15 @@ class TunerState:
         """Show recorded rows and select their recommended policy; returns a line saying what was loaded.
 
         ``source``: a sweep store directory, a ``.parquet`` / ``.csv`` file or a DataFrame of sweep rows.
-        ``None`` uses the what-if model's prediction for this model and tp from the measured H200 matmul
-        data: the only GPU data shipped with sp_lab until multi-GPU sweeps are recorded.
+        ``None`` shows a demo made wholly of the performance model's rows for this model and tp on H200s
+        (:func:`predicted_rows`, ``source="predicted"``): sp_lab ships no recorded multi-GPU sweep. The
+        recommendation is then the model's, said so; exporting it is refused (``export_config``).
         """
         if source is None:
-            rows = simulated_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
+            rows = predicted_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
                                   variants=[v for v in self.variants if v != TUNED])
-            what = f"{SIMULATED} from measured H200 matmuls ({rows.height} rows; no recorded multi-GPU sweep)"
+            what = (f"a demo: {rows.height} rows {PREDICTED} by the performance model for {self.tp}x H200 from "
+                    "single-H200 kernel tables (no multi-GPU run; not measured)")
         elif isinstance(source, pl.DataFrame):
             rows, what = source, f"{source.height} rows"
         else:
@@ -326,7 +332,7 @@ class TunerState:
 
     def vllm_threshold(self, capability: tuple[int, int] = (9, 0)) -> int | None:
         """vLLM's bytes-per-GPU SP threshold for this setup on Hopper (``None``: vLLM leaves SP off)."""
-        from sp_lab.config import vllm_sp_min_token_num
+        from sp_lab.vllm_releases import vllm_sp_min_token_num
 
         s = self._setup()
         return vllm_sp_min_token_num(s["hidden_size"], _dtype_bytes(s["dtype"]), s["tp"], capability)
@@ -336,14 +342,17 @@ class TunerState:
         """:func:`sp_lab.tuning.export.data_hash` of the rows shown."""
         return data_hash(self.snapshot())
 
-    def export(self, directory: str | Path) -> Path:
-        """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path."""
+    def export(self, directory: str | Path, *, allow_predicted: bool = False) -> Path:
+        """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path.
+
+        Rows of the demo replay are predicted: refused unless ``allow_predicted`` (the file then says
+        ``source: predicted``)."""
         rows = self.snapshot()
         if not rows.height:
             raise ValueError(f"nothing to export: no rows yet; run a sweep first ({_RUN_FIRST})")
         rec = self.recommendation_or_none()
         return export_config(rows, self.tuned_config(), directory, chosen_in="sp_lab.tune widget",
-                             recommendation=rec)
+                             recommendation=rec, allow_predicted=allow_predicted)
 
 
 # ============================================================================================ the view
@@ -499,19 +508,22 @@ class Tuner:
             self._sync_controls()
             self.redraw()
 
-    def export(self) -> Path:
+    def export(self, *, allow_predicted: bool = False) -> Path:
         """Write the tuned config to the export directory; the status line says what the file says.
 
-        Raises ``ValueError`` in the calling cell when there is nothing to export (it says to run a sweep first).
+        Raises ``ValueError`` in the calling cell when there is nothing to export (it says to run a sweep first),
+        or when the rows are the demo's predicted ones and ``allow_predicted`` is not given.
         """
         try:
-            path = self.state.export(self.export_dir.value)
+            path = self.state.export(self.export_dir.value, allow_predicted=allow_predicted)
         except ValueError as e:
             self._say(f"export failed: {e}", error=True)
             raise
         config = self.state.tuned_config()
-        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}) "
+        said = f" (from {PREDICTED} rows: not measured)" if self.state.source == PREDICTED else ""
+        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}){said} "
                   f"to <code>{path}</code>")
+        print(describe_file(path))  # what the file does in vLLM, model code and torch.compile, in the cell
         return path
 
     def _export_clicked(self) -> None:
@@ -573,14 +585,16 @@ class Tuner:
             ("tokens", "config runs", "its latency, us", "fastest variant", "fastest, us", "regret")))
         total = float(table["regret_rel"].sum()) if table.height else float("nan")
         worst = float(table["regret_rel"].max()) if table.height else float("nan")
-        return (f"<b>recommended:</b> {rec.summary()}<br><i>{rec.noise_line()}</i><br>"
+        said = (" <b>(from predicted rows: the performance model's choice, not measured)</b>"
+                if self.state.source == PREDICTED else "")
+        return (f"<b>recommended:</b> {rec.summary()}{said}<br><i>{rec.noise_line()}</i><br>"
                 f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, summed over the "
                 f"token counts {100 * total:.1f}%{self._vllm_line()}"
                 "<table style='border-collapse:collapse;margin-top:4px'>"
                 f"<tr style='border-bottom:1px solid #999'>{heads}</tr>{cells}</table>")
 
     def _vllm_line(self) -> str:
-        """vLLM's own SP rule for comparison, only where it means something: GPU rows (measured or simulated)."""
+        """vLLM's own SP rule for comparison, only where it means something: GPU rows (measured or predicted)."""
         vllm = self._vllm()
         if not self._on_gpu():
             return ""
@@ -592,7 +606,7 @@ class Tuner:
         rows = self.state.snapshot()
         if not rows.height or "device_name" not in rows.columns:
             return False
-        return self.state.source == SIMULATED or not str(rows["device_name"][0]).lower().startswith("cpu")
+        return self.state.source == PREDICTED or not str(rows["device_name"][0]).lower().startswith("cpu")
 
 
 def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS,
@@ -609,8 +623,8 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
         config: base ``LabConfig`` the policy gates (default ``LabConfig(tp_size=tp)``).
         threshold: initial threshold (default: the config's ``async_tp_min_tokens``).
         export_dir: where Export writes the tuned config (default: the project's ``out/``, as the CLI).
-        replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for the
-            simulated prediction from the recorded H200 data. ``None`` starts empty (run a sweep or
+        replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for a demo of
+            the performance model's rows on H200s (``source="predicted"``). ``None`` starts empty (run a sweep or
             press "Replay recorded").
         **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
@@ -631,4 +645,4 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
     return tuner
 
 
-__all__ = ["SHAPES", "Tuner", "TunerState", "simulated_rows", "tune"]
+__all__ = ["SHAPES", "Tuner", "TunerState", "predicted_rows", "tune"]

@@ -19,7 +19,7 @@ comparisons with benchmarks that time eager calls. Every row says ``source="pred
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -129,6 +129,32 @@ def predict_matmul(kernels: KernelModel, target: Target, shape: MatmulShape, tok
     return MatmulPrediction(shape=shape, tokens=m, mm_us=kernels.mm_us(m, shape.n, shape.k), comm_us=comm,
                             pipeline=pipe, overhead_us=kernels.fused_overhead_us(shape.side, m, shape.n, shape.k, tp),
                             contention=kappa, host_us=hosts)
+
+
+def matmul_rows(shapes: Sequence[MatmulShape], token_counts: Iterable[int], tp: int, hidden_size: int,
+                target: Target | str = "h200", *, table: MatmulTable | None = None,
+                measured_shapes: bool = True) -> pl.DataFrame:
+    """Fused and unfused time of each TP matmul at each token count, one row per (matmul, tokens): the
+    per-matmul training-row layout a :class:`~sp_lab.rules.MatmulRule` is trained on.
+
+    Columns ``m, n, k, tp, name, side, unfused_us, fused_us, ratio, mm_us, comm_us, chunked_us (the chunk
+    matmuls at full speed), overhead_us, estimated (shape not measured: roofline), gpu, interconnect,
+    device_name, source="predicted"``; ``m`` is the token count asked for, times are at ``m`` padded to ``tp``.
+    ``measured_shapes=False`` times every shape from the forms fitted to the tables (see :class:`KernelModel`).
+    """
+    target = Target.of(target) if isinstance(target, str) else target
+    kernels = KernelModel(table or default_table(), target.gpu, target.dtype, measured_shapes=measured_shapes)
+    rows = []
+    for shape in shapes:
+        for t in sorted({int(x) for x in token_counts}):
+            p = predict_matmul(kernels, target, shape, t, tp, hidden_size)
+            rows.append({"m": t, "n": shape.n, "k": shape.k, "tp": tp, "name": shape.name, "side": shape.side,
+                         "unfused_us": p.unfused_us, "fused_us": p.fused_us, "ratio": p.fused_us / p.unfused_us,
+                         "mm_us": p.mm_us, "comm_us": p.comm_us, "chunked_us": p.pipeline.compute_us,
+                         "overhead_us": p.overhead_us, "estimated": (shape.n, shape.k) in kernels.estimated})
+    return pl.DataFrame(rows).with_columns(
+        gpu=pl.lit(target.gpu.name), interconnect=pl.lit(target.interconnect.name),
+        device_name=pl.lit(f"predicted: {tp}x {target.gpu.label}"), source=pl.lit(PREDICTED))
 
 
 def model_name(spec: ModelDescription) -> str:
