@@ -4,8 +4,9 @@ import polars as pl
 import pytest
 
 from sp_lab.config import LabConfig
+from sp_lab.rules import MatmulRule
 from sp_lab.tuning.export import describe_file, export_config, function_path
-from sp_lab.tuning.model_sp import LAYER_SWEEP, PER_MATMUL, crossover_per_rank, model_sp_table
+from sp_lab.tuning.model_sp import LAYER_SWEEP, PER_MATMUL, RULE, crossover_per_rank, model_sp_table
 
 
 def _matmul_rows():
@@ -74,6 +75,21 @@ def test_without_per_matmul_rows_every_matmul_takes_the_layers_gate():
     assert table.regret["per_matmul"] is None
     never = model_sp_table(_sweep_rows(), LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False))
     assert never.sp_min_tokens_per_rank is None and never.regret["layer"]["worst"] == pytest.approx(0.25)  # (100 - 80) / 80
+
+
+def test_a_per_matmul_rule_gives_each_shape_its_own_gate():
+    # fuse above 1024 total tokens where the output is wide (N > 4096), never where it is narrow
+    rule = MatmulRule.from_dict({
+        "feature": "n", "threshold": 4096, "left": {"choice": "no_fuse", "confidence": 0.9, "samples": 5},
+        "right": {"feature": "m", "threshold": 1024, "left": {"choice": "no_fuse", "confidence": 0.9, "samples": 5},
+                  "right": {"choice": "fuse", "confidence": 0.9, "samples": 5}}})
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192, heuristic=rule)
+    table = model_sp_table(_sweep_rows(), config)
+    # llama-3-70b at tp 4: qkv N 2560 never; the others fuse from 2048 tokens (the next power of two), 512 per rank
+    assert [(m.name, m.min_tokens_per_rank, m.basis) for m in table.matmuls] == [
+        ("qkv", None, RULE), ("o_proj", 512, RULE), ("gate_up", 512, RULE), ("down", 512, RULE)]
+    early = LabConfig(tp_size=4, async_tp_min_tokens=4096, max_num_tokens=8192, heuristic=rule)
+    assert model_sp_table(_sweep_rows(), early).lookup(2048, 8192, "bfloat16", 4) == 1024  # not before SP starts
 
 
 def test_exported_file_says_what_it_does_and_whether_its_machine_can_answer(tmp_path):

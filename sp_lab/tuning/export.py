@@ -33,7 +33,15 @@ from sp_lab.programs import Policy
 from sp_lab.tuning.model_sp import model_sp_table
 from sp_lab.tuning.regret import regret_table, summarize
 from sp_lab.vllm_releases import ALWAYS, DEFAULT_RELEASE, installed_release, vllm_export
-from sp_lab.vocabulary import BASELINE, NEVER, PREDICTED, REHEARSAL, SIMULATED, SP_ASYNC_TP
+from sp_lab.vocabulary import (
+    BASELINE,
+    NEVER,
+    PREDICTED,
+    REHEARSAL,
+    SIMULATED,
+    SP_ASYNC_TP,
+    describe_threshold,
+)
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -54,7 +62,7 @@ def data_hash(rows: pl.DataFrame) -> str:
 
 def threshold_text(config: LabConfig) -> str:
     """``async_tp_min_tokens`` as a person reads it: the number, or "never" when SP and AsyncTP are off."""
-    return str(config.async_tp_min_tokens) if config.enable_sp and config.enable_async_tp else NEVER
+    return describe_threshold(config.async_tp_min_tokens if config.enable_sp and config.enable_async_tp else None)
 
 
 def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recommendation | None = None,
