@@ -91,7 +91,7 @@ def test_figures_name_public_sources_and_fp8_waits_for_its_table():
         assert f.source_url.startswith("https://") and f.differences
     fp8 = next(f for f in figs if f.id == "torchtitan-70b-fp8")
     value, note = V.predict_figure(fp8)
-    assert value is None and "no measured float8 matmul table" in note
+    assert value is None and "no measured float8_tensorwise matmul table" in note
 
 
 def test_docs_page_is_what_the_command_writes(tmp_path, capsys):
@@ -107,3 +107,21 @@ def test_docs_page_is_what_the_command_writes(tmp_path, capsys):
     tp1 = json.loads((REPO / "sp_lab" / "data" / "h200" / "tp1_latency.json").read_text())["rows"]
     want = sorted(r["num_tokens"] for r in tp1 if r["variant"] == "sp_lab full_and_piecewise")
     assert [int(line.split("|")[1]) for line in measured] == want
+
+
+def test_a_miss_is_read_term_by_term():
+    # vLLM #37489 at M = 512 is timed eagerly: the fused calls cost their host floor, two fused all_gather + matmul
+    # calls at the median eager time measured on the H200 (symm_mem_ws1.json); and the same figure timed as
+    # device time is the graph-timing prediction.
+    import dataclasses
+    import statistics
+
+    from sp_lab.resources import h200_file
+
+    rows = json.loads(h200_file("symm_mem_ws1.json").read_text())["rows"]
+    floor = 2 * statistics.median(r["fused_ag_mm_eager"] for r in rows)
+    fig = next(f for f in V.figures() if f.id == "vllm-37489-m512")
+    text = V.miss_breakdown(fig)
+    assert f"host floor {floor:.0f} us" in text and "8 chunk matmuls" in text
+    graph, _ = V.predict_figure(dataclasses.replace(fig, setup={**fig.setup, "timing": "graph"}))
+    assert text.endswith(f"Timed as device time (CUDA graphs) instead: {graph:.2f}x.")
