@@ -12,7 +12,7 @@
                                 collective kernel runs per chunk).
 
    The activation quantisation itself is not in these times (Inductor fuses it into the producer's kernel).
-2. Rehearsal rows (``rehearsal_fp8.json``): ``sp_lab.distributed.rehearsal.rehearse_numerics`` for a 2-layer
+2. Rehearsal rows (``rehearsal_fp8.json``): ``sp_lab.bench.rehearsal.rehearse_numerics`` for a 2-layer
    Llama-3-8B built with ``quant="fp8"`` (rowwise, every boundary) and ``"fp8-tensorwise"`` (``sharded``) at tp 2
    and 4, all ranks on this one GPU with PyTorch's fused symmetric-memory scaled kernels; each row also says which
    fused op names the compiled graphs hold.
@@ -114,7 +114,7 @@ def matmul_table(device: torch.device, configs, models, tokens, timer, deadline:
 def rehearsal_rows(case_timeout: float, write) -> list[dict]:
     """Rowwise under the three working boundaries, tensorwise under ``sharded``, at tp 2 and 4; ``write(rows)``
     after every launch, so that a run cut short keeps what it measured."""
-    from sp_lab.distributed.rehearsal import rehearse_numerics
+    from sp_lab.bench.rehearsal import rehearse_numerics
 
     rows = []
     for quant, boundaries in (("fp8", ("gather_erase", "gather", "sharded")), ("fp8-tensorwise", ("sharded",))):

@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="baseline below, sp+async_tp from this token count; 'never' for SP and AsyncTP off "
                    "(default: the recommended policy)")
     p.add_argument("--out", type=Path, default=None, help=f"directory for the file (default {DEFAULT_OUT}/ in the project)")
+    p.add_argument("--matmul-rows", type=Path, default=None,
+                   help="per-matmul fused/unfused rows (.parquet or .csv, as measure_matmuls writes them) for the "
+                   "model-level gates per shape (default: the layer sweep's gate for every matmul)")
     _add_vllm_arg(p)
 
     p = sub.add_parser("report", help="write an HTML report of the rows")
@@ -291,18 +294,13 @@ def _one_group(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
-    """Rows of ``source``, else the measured rows, else the replayed ones (others only when named)."""
-    import polars as pl
+    """Rows of ``source``, else the measured rows, else the replayed ones (others only when named: --source)."""
+    from sp_lab.tuning.regret import one_source
 
-    present = sorted(df["source"].unique().to_list())
-    if source is None:
-        source = next((s for s in TUNABLE_SOURCES if s in present), None)
-        if source is None:
-            raise CliError(f"no measured or replayed rows (sources here: {present}); pass --source "
-                           f"{' or --source '.join(present)} to tune on those rows")
-    if source not in present:
-        raise CliError(f"no rows with source={source!r}; sources here: {present}")
-    return df.filter(pl.col("source") == source)
+    try:
+        return one_source(df, source, prefer=TUNABLE_SOURCES, option="--source ")
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def _recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:
@@ -361,9 +359,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         rec = _recommend(df, base)
         config = rec.config
     path = export_config(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
-                         vllm_release=args.vllm_release)
+                         vllm_release=args.vllm_release, matmul_rows=_matmul_rows(args.matmul_rows))
     print(describe_file(path))
     return 0
+
+
+def _matmul_rows(path: Path | None) -> pl.DataFrame | None:
+    import polars as pl
+
+    if path is None:
+        return None
+    if not path.is_file() or path.suffix not in (".parquet", ".csv"):
+        raise CliError(f"--matmul-rows {path}: expected a .parquet or .csv file of per-matmul rows "
+                       "(sp_lab.tuning.microbench.measure_matmuls)")
+    rows = pl.read_parquet(path) if path.suffix == ".parquet" else pl.read_csv(path)
+    need = ("name", "side", "k", "n", "dtype", "tp", "m", "fused_us", "unfused_us")
+    missing = [c for c in need if c not in rows.columns]
+    if missing:
+        raise CliError(f"--matmul-rows {path}: lacks columns {missing} (measure_matmuls writes them)")
+    return rows
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """What each vLLM release does with a ``--compilation-config``, and sp_lab's config written for it.
 
-The facts come from the release table ``sp_lab/data/vllm/releases.json``, read from every release's own
+The facts come from the release table ``data/vllm/releases.json``, read from every release's own
 wheel from 0.11.0 to the newest on the package index (``benchmarks/vllm_releases/read_releases.py``: each
 release's ``vllm/config/compilation.py`` imported with pydantic, its SP pass and model SP helpers parsed;
 every entry names the wheel and the file). What gates SP (``VllmRelease.sp_gate``):

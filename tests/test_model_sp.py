@@ -4,7 +4,9 @@ import polars as pl
 import pytest
 
 from sp_lab.config import LabConfig
-from sp_lab.tuning.model_sp import LAYER_SWEEP, PER_MATMUL, crossover_per_rank, model_sp_table
+from sp_lab.rules import MatmulRule
+from sp_lab.tuning.export import describe_file, export_config, function_path
+from sp_lab.tuning.model_sp import LAYER_SWEEP, PER_MATMUL, RULE, crossover_per_rank, model_sp_table
 
 
 def _matmul_rows():
@@ -23,14 +25,15 @@ def _matmul_rows():
     return pl.DataFrame(rows)
 
 
-def _sweep_rows(threshold=256):
+def _sweep_rows(threshold=256, source="measured"):
     """A layer sweep at tp 4 where sp+async_tp is fastest from ``threshold`` tokens on."""
     rows = []
     for t in (16, 64, 256, 1024):
         for variant, base in (("baseline", 100.0), ("sp", 105.0), ("sp+async_tp", 110.0)):
             faster = variant == "sp+async_tp" and t >= threshold
             rows.append({"num_tokens": t, "variant": variant, "latency_us": 80.0 if faster else base,
-                         "source": "measured", "tp": 4, "model": "llama-3-70b", "dtype": "bfloat16",
+                         "source": source, "tp": 4, "model": "llama-3-70b", "dtype": "bfloat16", "hidden_size": 8192,
+                         "num_layers": 80,
                          "device_name": "NVIDIA H200", "torch_version": "2.11.0", "backend": "nccl"})
     return pl.DataFrame(rows)
 
@@ -54,7 +57,7 @@ def test_table_function_and_regret_from_per_matmul_rows():
     assert table.regret["per_matmul"] == pytest.approx(0.2 * 164 / oracle)
     assert table.regret["layer"] == {"worst": 0.0, "total": 0.0}
     namespace: dict = {}
-    exec(table.function_source(), namespace)  # no imports: pasteable as is
+    exec(table.function_source(), namespace)  # noqa: S102  (the generated function, run as pasted: no imports)
     fn = namespace["min_tokens_per_rank"]
     assert fn(8192, 2560, "bfloat16", 4) == 128 and fn(2048, 8192, "torch.bfloat16", 4) == 32
     assert fn(7168, 8192, "bfloat16", 4) is None and fn(8192, 2560, "bfloat16", 8) is None  # other tp: unmeasured
@@ -72,3 +75,33 @@ def test_without_per_matmul_rows_every_matmul_takes_the_layers_gate():
     assert table.regret["per_matmul"] is None
     never = model_sp_table(_sweep_rows(), LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False))
     assert never.sp_min_tokens_per_rank is None and never.regret["layer"]["worst"] == pytest.approx(0.25)  # (100 - 80) / 80
+
+
+def test_a_per_matmul_rule_gives_each_shape_its_own_gate():
+    # fuse above 1024 total tokens where the output is wide (N > 4096), never where it is narrow
+    rule = MatmulRule.from_dict({
+        "feature": "n", "threshold": 4096, "left": {"choice": "no_fuse", "confidence": 0.9, "samples": 5},
+        "right": {"feature": "m", "threshold": 1024, "left": {"choice": "no_fuse", "confidence": 0.9, "samples": 5},
+                  "right": {"choice": "fuse", "confidence": 0.9, "samples": 5}}})
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192, heuristic=rule)
+    table = model_sp_table(_sweep_rows(), config)
+    # llama-3-70b at tp 4: qkv N 2560 never; the others fuse from 2048 tokens (the next power of two), 512 per rank
+    assert [(m.name, m.min_tokens_per_rank, m.basis) for m in table.matmuls] == [
+        ("qkv", None, RULE), ("o_proj", 512, RULE), ("gate_up", 512, RULE), ("down", 512, RULE)]
+    early = LabConfig(tp_size=4, async_tp_min_tokens=4096, max_num_tokens=8192, heuristic=rule)
+    assert model_sp_table(_sweep_rows(), early).lookup(2048, 8192, "bfloat16", 4) == 1024  # not before SP starts
+
+
+def test_exported_file_says_what_it_does_and_whether_its_machine_can_answer(tmp_path):
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
+    path = export_config(_sweep_rows(), config, tmp_path / "gpu", chosen_in="test", vllm_release="0.31",
+                         matmul_rows=_matmul_rows())
+    text = describe_file(path)
+    assert "vLLM 0.31.0 (chosen): In vLLM 0.31.0 this runs SP + AsyncTP from 256 tokens" in text
+    assert '"sp_min_token_num":256' in text and "--tensor-parallel-size 4" in text
+    assert "WARNING" not in text and "next: serve with the line above" in text
+    assert "SP pays per layer from 64 tokens per rank" in text and function_path(path).name in text
+    assert function_path(path).read_text().count("), per-matmul rows") == 3  # the gates came from the matmul rows
+    for source, why in (("rehearsal", "no real overlap"), ("simulated", "no GPU measured this policy")):
+        text = describe_file(export_config(_sweep_rows(source=source), config, tmp_path / source, chosen_in="test"))
+        assert f"WARNING: tuned on {source} rows" in text and why in text and "next: measure on the GPUs" in text

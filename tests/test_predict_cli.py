@@ -104,7 +104,7 @@ def test_docs_page_is_what_the_command_writes(tmp_path, capsys):
     assert sum(1 for line in printed.splitlines() if re.search(r"\| (hit|miss|not predicted) \|$", line)) == n
     # the measured tp 1 rows with the prediction's error beside each token count
     measured = [line for line in printed.splitlines() if re.match(r"\| \d+ \| [\d.]+ \| [\d.]+ \| [+-]\d+% \|$", line)]
-    tp1 = json.loads((REPO / "sp_lab" / "data" / "h200" / "tp1_latency.json").read_text())["rows"]
+    tp1 = json.loads((REPO / "data" / "h200" / "tp1_latency.json").read_text())["rows"]
     want = sorted(r["num_tokens"] for r in tp1 if r["variant"] == "sp_lab full_and_piecewise")
     assert [int(line.split("|")[1]) for line in measured] == want
 

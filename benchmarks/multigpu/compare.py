@@ -44,7 +44,7 @@ from sp_lab.tuning.predict.layer import Target, predict_layers
 from sp_lab.tuning.predict.measured import compare_to_measured
 from sp_lab.tuning.regret import regret_table
 from sp_lab.vllm_releases import vllm_sp_min_token_num
-from sp_lab.vocabulary import NEVER
+from sp_lab.vocabulary import describe_threshold
 
 SETUP = ("model", "tp", "boundary", "num_layers", "dtype", "hidden_size", "device_name")
 REFERENCE = ("baseline", "sp", "sp+async_tp")
@@ -149,13 +149,13 @@ def thresholds(measured: pl.DataFrame) -> pl.DataFrame:
         setup = setup_rows.row(0, named=True)
         tuned_cfg = _tuned_config(setup_rows)
         if tuned_cfg is not None:
-            measured_thr = tuned_cfg.async_tp_min_tokens if tuned_cfg.enable_sp else NEVER
+            measured_thr = describe_threshold(tuned_cfg.async_tp_min_tokens if tuned_cfg.enable_sp else None)
         else:
             measured_thr = None
         try:
             rec = recommend(setup_rows.filter(pl.col("variant").is_in(REFERENCE)),
                             tuned_cfg or LabConfig(tp_size=int(setup["tp"])))
-            recommended = NEVER if rec.threshold is None else rec.threshold
+            recommended = describe_threshold(rec.threshold)
         except ValueError as e:
             recommended = f"n/a ({e})"
         rows.append({

@@ -1,6 +1,6 @@
 """Read what each vLLM release does with a ``--compilation-config`` from its own wheel; write the release table.
 
-    python benchmarks/vllm_releases/read_releases.py 0.11.0 0.11.1 ... 0.34.0 > sp_lab/data/vllm/releases.json
+    python benchmarks/vllm_releases/read_releases.py 0.11.0 0.11.1 ... 0.34.0 > data/vllm/releases.json
 
 For each version: ``pip download --no-deps vllm==X``, unzip the few Python files read here into a temporary
 directory, delete the wheel, then

@@ -1,6 +1,6 @@
 """``build()``: from a name ("toy", a preset) or a local HF checkpoint to a ready TP model.
 
-Presets are Hugging Face ``config.json`` shape fields shipped in ``sp_lab/data/models/<name>.json``, each
+Presets are Hugging Face ``config.json`` shape fields shipped in ``data/models/<name>.json``, each
 with a ``_source`` naming the public config the numbers come from. Their weights are random
 (:class:`~sp_lab.models.checkpoint.RandomWeights`); a checkpoint directory brings its own.
 """

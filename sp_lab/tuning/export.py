@@ -33,7 +33,15 @@ from sp_lab.programs import Policy
 from sp_lab.tuning.model_sp import model_sp_table
 from sp_lab.tuning.regret import regret_table, summarize
 from sp_lab.vllm_releases import ALWAYS, DEFAULT_RELEASE, installed_release, vllm_export
-from sp_lab.vocabulary import BASELINE, NEVER, PREDICTED, SP_ASYNC_TP
+from sp_lab.vocabulary import (
+    BASELINE,
+    NEVER,
+    PREDICTED,
+    REHEARSAL,
+    SIMULATED,
+    SP_ASYNC_TP,
+    describe_threshold,
+)
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -54,7 +62,7 @@ def data_hash(rows: pl.DataFrame) -> str:
 
 def threshold_text(config: LabConfig) -> str:
     """``async_tp_min_tokens`` as a person reads it: the number, or "never" when SP and AsyncTP are off."""
-    return str(config.async_tp_min_tokens) if config.enable_sp and config.enable_async_tp else NEVER
+    return describe_threshold(config.async_tp_min_tokens if config.enable_sp and config.enable_async_tp else None)
 
 
 def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recommendation | None = None,
@@ -203,9 +211,9 @@ def _pct(x: float | None) -> str:
 
 def _cannot_answer(prov: dict[str, Any]) -> str | None:
     """Why the machine the rows come from cannot say whether SP + AsyncTP pays on GPUs, or ``None``."""
-    if prov.get("source") == PREDICTED:
-        return "predicted rows (the performance model): no GPU measured this policy"
-    if prov.get("source") == "rehearsal":
+    if prov.get("source") in (PREDICTED, SIMULATED):
+        return f"{prov.get('source')} rows (a model of the GPUs, not a run on them): no GPU measured this policy"
+    if prov.get("source") == REHEARSAL:
         return "rehearsal rows (ranks sharing one GPU): no real overlap between ranks"
     if prov.get("backend") == "gloo" or str(prov.get("device", "")).lower().startswith("cpu"):
         return ("gloo on CPU: collectives do not overlap with matmuls there and the fused kernels are sp_lab's "
@@ -226,7 +234,8 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
     lines = [f"tuned config -> {path}",
              (f"  policy: {policy.name}; regret on the {prov.get('sweep_rows', '?')} {prov.get('source', '')} rows: "
               f"worst {_pct(regret.get('worst'))}, total {_pct(regret.get('total'))}"),
-             (f"  tuned on: {prov.get('device')} ({prov.get('backend')}), {model_name}, tp {prov.get('tp_size')}, "
+             (f"  tuned on: {prov.get('device')}{f' ({backend})' if (backend := prov.get('backend')) else ''}, "
+              f"{model_name}, tp {prov.get('tp_size')}, "
               f"{prov.get('dtype')}, torch {prov.get('torch')}, rows {prov.get('data_hash')}")]
     warning = _cannot_answer(prov)
     if warning:
@@ -258,7 +267,7 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
     lines.append("  torch.compile: torch._inductor.config._micro_pipeline_tp = True fuses at every size (no threshold);"
                  " sp_lab.compile(model, sp_lab.LabConfig.from_json(path)) applies this gate")
     if warning:
-        lines.append(f"  next: run the same sweep on the GPUs you serve on: torchrun --nproc-per-node "
+        lines.append("  next: measure on the GPUs you serve on: torchrun --nproc-per-node "
                      f"{config.tp_size} -m sp_lab run --model {model_name} --tp {config.tp_size} --dtype bfloat16")
     else:
         lines.append("  next: serve with the line above and compare throughput with the same line for 'never'")

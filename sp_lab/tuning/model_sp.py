@@ -8,8 +8,11 @@ model author's own layers. Per matmul shape ``(K, N, dtype)`` at the tp measured
 - ``min_tokens_per_rank``: the shard rows (tokens / tp) from which the fused all-gather + matmul (``ag``) or
   matmul + reduce-scatter (``rs``) was faster than collective + matmul at every larger measured count, from
   per-matmul rows (:func:`sp_lab.tuning.microbench.measure_matmuls`); ``None`` where it never paid;
-- where there are no per-matmul rows, the layer sweep's threshold (SP + AsyncTP from ``T`` tokens) per rank,
-  ``ceil(T / tp)``, for every matmul of the model (``basis: "layer sweep"``);
+- else, where the tuned config carries a per-matmul rule (``LabConfig.heuristic``), the shard rows from which
+  the rule says "fuse" at every larger power-of-two token count up to ``max_num_tokens``, and not below the
+  layer's SP gate (fusion only happens where SP runs);
+- else the layer sweep's threshold (SP + AsyncTP from ``T`` tokens) per rank, ``ceil(T / tp)``, for every matmul
+  of the model (``basis: "layer sweep"``);
 - ``sp_min_tokens_per_rank``: from which SP pays per layer (the tuned config's SP threshold per rank).
 
 :meth:`ModelSpTable.function_source` writes it as a dependency-free Python function
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["MatmulThreshold", "ModelSpTable", "crossover_per_rank", "model_sp_table"]
 
 PER_MATMUL = "per-matmul rows"
+RULE = "per-matmul rule"
 LAYER_SWEEP = "layer sweep"
 
 
@@ -63,8 +67,9 @@ class ModelSpTable:
     provenance: dict[str, Any]
     """Device, torch, source, tp, model, dtype, the rows' hash, and per-matmul rows' device where used."""
     regret: dict[str, Any]
-    """``layer``: the tuned config's regret on the sweep rows (``worst``, ``total``); ``per_matmul``: the relative
-    regret of the gates on the per-matmul rows against the faster choice per row (``None`` without such rows)."""
+    """``layer``: the layer gate's regret on the sweep rows (the config's ranges, every matmul fused; ``worst``,
+    ``total``); ``per_matmul``: the relative regret of the gates on the per-matmul rows against the faster choice
+    per row (``None`` without such rows)."""
 
     def _by_key(self) -> dict[tuple[int, int, str, int], tuple[int | None, str]]:
         """One gate per ``(k, n, dtype, tp)``: matmuls of one shape on both sides (qkv and down of a square
@@ -100,7 +105,7 @@ class ModelSpTable:
     """Tokens per rank (shard rows) from which fusing this matmul with its all-gather / reduce-scatter pays.
 
     None: it never paid where measured, or the shape was not measured (keep the collective and the matmul
-    apart). Measured by sp_lab on {p.get("device")} (torch {p.get("torch")}, {p.get("source")} rows, model
+    apart). From sp_lab's {p.get("source")} rows on {p.get("device")} (torch {p.get("torch")}, model
     {p.get("model")}, tp {p.get("tp")}, rows {p.get("data_hash")}). SP itself paid per layer from
     SP_MIN_TOKENS_PER_RANK tokens per rank (worst regret {100 * layer.get("worst", 0.0):.1f}%, total
     {100 * layer.get("total", 0.0):.1f}% on the sweep rows).{cost}
@@ -149,6 +154,18 @@ def _per_matmul(matmul_rows: pl.DataFrame) -> tuple[list[MatmulThreshold], float
     return gates, (chosen - oracle) / oracle if oracle else 0.0
 
 
+def _rule_gate(config: LabConfig, shape: Any, tp: int, sp_per_rank: int) -> int | None:
+    """Shard rows from which ``config.heuristic`` fuses ``shape`` at every larger power-of-two token count."""
+    start = None
+    counts = [2**i for i in range(config.max_num_tokens.bit_length()) if 2**i <= config.max_num_tokens]
+    for m in counts:
+        choice = config.heuristic.decide(m, shape.n, shape.k, tp)
+        fuse = (config.heuristic_default if choice == "unsure" else choice) == "fuse"
+        per_rank = math.ceil(m / tp)
+        start = (per_rank if start is None else start) if fuse else None
+    return None if start is None else max(start, sp_per_rank)
+
+
 def _model_shapes(model: str, tp: int) -> list[Any]:
     """The four fusable matmul shapes of ``model`` (a preset, ``toy`` or a checkpoint) at ``tp``, or [] if unknown."""
     from sp_lab.models.registry import resolve_config
@@ -172,7 +189,9 @@ def model_sp_table(rows: pl.DataFrame, config: LabConfig, *, matmul_rows: pl.Dat
     row = rows.row(0, named=True)
     tp = int(row["tp"])
     sp_per_rank = math.ceil(config.sp_start / tp) if config.enable_sp and tp > 1 else None
-    total, worst = summarize(regret_table(rows, config, warn=False))
+    # the layer gate's regret: the config's ranges with every matmul fused (a per-matmul rule's own program is
+    # timed only by rows of the tuned config, which a layer sweep may not have)
+    total, worst = summarize(regret_table(rows, dataclasses.replace(config, heuristic=None), warn=False))
     regret: dict[str, Any] = {"layer": {"worst": worst, "total": total}, "per_matmul": None}
     prov: dict[str, Any] = {"device": row.get("device_name"), "torch": row.get("torch_version"),
                             "source": row.get("source"), "backend": row.get("backend"), "model": row.get("model"),
@@ -184,7 +203,10 @@ def model_sp_table(rows: pl.DataFrame, config: LabConfig, *, matmul_rows: pl.Dat
         prov["matmul_rows"] = {"device": first.get("device"), "torch": first.get("torch"),
                                "source": first.get("source"), "rows": matmul_rows.height}
     else:
-        dtype = str(row.get("dtype"))
-        gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, sp_per_rank, LAYER_SWEEP)
-                 for s in _model_shapes(str(row["model"]), tp)]
+        dtype, shapes = str(row.get("dtype")), _model_shapes(str(row["model"]), tp)
+        if config.heuristic is not None and sp_per_rank is not None and config.enable_async_tp:
+            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, _rule_gate(config, s, tp, sp_per_rank), RULE)
+                     for s in shapes]
+        else:
+            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, sp_per_rank, LAYER_SWEEP) for s in shapes]
     return ModelSpTable(tuple(gates), sp_per_rank, prov, regret)

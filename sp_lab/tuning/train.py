@@ -31,6 +31,7 @@ from sklearn.model_selection import GroupShuffleSplit
 from sklearn.tree import DecisionTreeClassifier
 
 from sp_lab.rules import FEATURES, Leaf, MatmulRule, Split, features
+from sp_lab.tuning.regret import one_source
 
 #: Features the tree may split on: every feature of :data:`sp_lab.rules.FEATURES` -- M, N, K, M*N, M*K,
 #: arithmetic intensity, the TP size and rows per chunk (the fused kernel's chunking penalty depends on
@@ -45,11 +46,7 @@ def _check_rows(rows: pl.DataFrame) -> pl.DataFrame:
     missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
     if missing:
         raise ValueError(f"training rows lack columns {missing}; need {REQUIRED_COLUMNS}, got {rows.columns}")
-    if "source" in rows.columns and rows["source"].n_unique() > 1:
-        raise ValueError(
-            f"rows mix sources {sorted(rows['source'].unique())}; train on measured or predicted rows, not both "
-            "(filter with rows.filter(pl.col('source') == 'measured'))"
-        )
+    rows = one_source(rows)  # train on measured or predicted rows, never both
     bad = rows.filter(pl.col("unfused_us").is_null() | pl.col("fused_us").is_null())
     if bad.height:
         warnings.warn(f"dropping {bad.height} rows without both timings (failed measurements)", stacklevel=3)

@@ -5,12 +5,12 @@ Nothing in it is a measurement. It is the performance model (``sp_lab.tuning.pre
 presets for 2-8 H200s, so that "the rule trained on the fixture reproduces the fixture's decisions" is a
 meaningful test with a known answer:
 
-- matmul times: a roofline fitted to the MEASURED single-H200 tables under ``sp_lab/data/h200/`` for every
+- matmul times: a roofline fitted to the MEASURED single-H200 tables under ``data/h200/`` for every
   shape (``measured_shapes=False``: one smooth function of the shape, so a tree can learn it; reading the
   measured rows where they exist makes the fixture switch between measurement and fit from shape to shape);
 - fused kernel: its chunk pipeline (fill, contention, drain) plus the fused op's own cost (a line fitted to
   the one-rank H200 measurements of each side);
-- communication: the alpha-beta model of H200 NVLink in ``sp_lab/data/hardware.json`` (sources there).
+- communication: the alpha-beta model of H200 NVLink in ``data/hardware.json`` (sources there).
 
 Every row says ``source="predicted"``. Run from the repository root:
 

@@ -88,7 +88,7 @@ class Prediction:
             (f"PREDICTED (source: {PREDICTED}), not measured: {self.model}, tp {self.tp}, {self.tp}x {g.label}, "
             f"{self.target.dtype}, {self.target.timing} timing"),
             (f"  interconnect {ic.label}: busbw {ic.busbw_gbps:.0f} GB/s, alpha {ic.alpha_us:g} us, copies "
-            f"{ic.copy_gbps:.0f} GB/s (sources in sp_lab/data/hardware.json)"),
+            f"{ic.copy_gbps:.0f} GB/s (sources in data/hardware.json)"),
             ("  kernels: single-GPU tables measured on one H200 (torch 2.11), scaled by datasheet peaks; fused ops "
             "as chunk pipelines with contention and their own measured cost"),
             "",

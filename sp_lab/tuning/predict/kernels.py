@@ -1,6 +1,6 @@
 """Single-GPU kernel times the performance model is built from: measured on one H200, scaled to the target GPU.
 
-Three measured ingredients, all shipped under ``sp_lab/data/h200/`` with their provenance:
+Three measured ingredients, all shipped under ``data/h200/`` with their provenance:
 
 - ``mm``: one ``[M, K] @ [K, N]`` matmul at the per-rank (shard) shapes, bf16, CUDA-graph replay;
 - ``mm_chunked``: the same rows split into ``tp`` matmuls -- what a ``tp``-way fused kernel computes;
@@ -189,7 +189,7 @@ class MatmulTable:
 
     @classmethod
     def default(cls) -> MatmulTable:
-        """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, the tp=8
+        """The tables shipped under ``data/h200/``: the single-GPU bench output when present, the tp=8
         chunking table and, once shipped, the FP8 bench output (all measured on one H200)."""
         paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON, FP8_SINGLE_GPU_JSON) if p.exists()]
         if not paths:

@@ -2,7 +2,7 @@
 error per token count (:func:`compare_to_measured` for any sweep rows; :func:`tp1_comparison` for the shipped
 tp 1 H200 rows).
 
-The only such rows today are single-GPU (``sp_lab/data/h200/tp1_latency.json``: a 4-layer Llama-3-8B at
+The only such rows today are single-GPU (``data/h200/tp1_latency.json``: a 4-layer Llama-3-8B at
 tp 1 on the H200, compiled with full-and-piecewise CUDA graphs). At tp 1 every variant is the same program,
 so this checks the compute side of the model -- matmuls (most of these tp 1 shapes are roofline estimates:
 the bench measured tp 2-8 shards), attention, norms and activation -- plus the LM head, not the
@@ -55,7 +55,7 @@ def tp1_markdown(table: pl.DataFrame) -> str:
     """The comparison as a markdown table."""
     r0 = table.row(0, named=True)
     lines = [(f"{r0['model']}, {r0['num_layers']} layers, tp 1, bf16, {r0['device_name']}: measured "
-             f"(`{r0['measured_variant']}`, `sp_lab/data/h200/tp1_latency.json`) vs predicted (attention, "
+             f"(`{r0['measured_variant']}`, `data/h200/tp1_latency.json`) vs predicted (attention, "
              "activation, norms and LM head included)"), "",
              "| tokens | measured ms | predicted ms | error |", "|---|---|---|---|"]
     lines += [f"| {r['num_tokens']} | {r['measured_ms']:.3f} | {r['predicted_ms']:.3f} | {100 * r['error']:+.0f}% |"
