@@ -390,7 +390,7 @@ class KernelModel:
         if key not in self.table.dtypes():
             raise ValueError(
                 f"no measured {key} matmul table (have {self.table.dtypes()}): the model predicts from measured "
-                f"single-GPU tables only; FP8 predictions need {FP8_SINGLE_GPU_JSON.name} under sp_lab/data/h200/ "
+                f"single-GPU tables only; FP8 predictions need {FP8_SINGLE_GPU_JSON.name} under data/h200/ "
                 "(benchmarks/bench_matmul_fp8_h200.py on an H200)"
             )
         self.dtype = key
