@@ -132,9 +132,11 @@ def test_baseline_layer_by_hand(table):
     assert sp["norm_us"] == pytest.approx(base["norm_us"] / 8)
 
 
-def test_fp8_needs_a_measured_table(table):
+def test_fp8_needs_a_measured_table():
+    bf16_only = K.MatmulTable.from_files(K.SINGLE_GPU_JSON, K.CHUNKING_TP8_JSON)
     with pytest.raises(ValueError, match="no measured float8 matmul table"):
-        K.KernelModel(table, H.gpu("h200"), "float8_e4m3fn")
+        K.KernelModel(bf16_only, H.gpu("h200"), "float8_e4m3fn")
+    assert "float8" in K.default_table().dtypes()  # the shipped FP8 table (data/h200/matmul_fp8_single_gpu.json)
 
 
 def test_crossover_is_where_the_variant_wins_from_then_on():
