@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="llama-3-70b", help="preset to predict (default llama-3-70b)")
     p.add_argument("--tp", type=_positive_int, default=8, help="tensor-parallel size (default 8)")
     p.add_argument("--gpu", default="h200", help="h100, h100-hbm2e, h100-pcie, h200, h800 or b200 (default h200)")
-    p.add_argument("--dtype", default="bfloat16", help="matmul dtype (bfloat16; float8 once FP8 tables ship)")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="matmul dtype: bfloat16, fp8 (rowwise scales, as vLLM) or fp8-tensorwise (as torchtitan)")
     p.add_argument("--tokens", type=_token_list, default=None, help="comma-separated token counts for the curves")
     p.add_argument("--rule", type=Path, default=None, help="a per-matmul rule JSON for the 'tuned' curve "
                    "(default: the rule the model implies)")
