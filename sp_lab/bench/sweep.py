@@ -281,7 +281,8 @@ def run_sweep(
         "model": spec.name,
         "hidden_size": spec.hidden_size,
         "num_layers": spec.num_layers,
-        "dtype": _dtype_name(torch_dtype),
+        # An FP8 model's setup is its scheme ("fp8-rowwise"), so its rows never pool with the bf16 model's.
+        "dtype": getattr(spec, "quant", None) or _dtype_name(torch_dtype),
         "tp": world,
         "device_name": device_name(device),
         "device_count": _device_count(device),
@@ -431,9 +432,9 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
 
 
 def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
-    import sp_lab
+    from sp_lab.compiler.backend import compile as compile_model
 
-    return sp_lab.compile(model, config)
+    return compile_model(model, config)
 
 
 # ---------------------------------------------------------------------------------------------- launching
