@@ -13,12 +13,16 @@ and compared with transformers' unsharded logits:
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 
 import sp_lab
@@ -103,15 +107,26 @@ def _worker(path: str, qwen2_path: str) -> dict[str, Any]:
     return results
 
 
+def _saved_checkpoints() -> tuple[str, str]:
+    """The tiny Llama and Qwen2 written as HF checkpoints (temporary directories removed when the tests end)."""
+    paths = []
+    for name, build in (("tiny_llama", _tiny_llama), ("tiny_qwen2", _tiny_qwen2)):
+        path = tempfile.mkdtemp(prefix=f"{name}_")
+        atexit.register(shutil.rmtree, path, True)
+        build().save_pretrained(path)
+        paths.append(path)
+    return tuple(paths)
+
+
+rank_checks.register(__name__, _worker, prepare=_saved_checkpoints, timeout=900.0)
+
+
 @pytest.fixture(scope="module")
-def hf(tmp_path_factory) -> tuple[dict[int, torch.Tensor], list[dict[str, Any]]]:
-    model, qwen2 = _tiny_llama(), _tiny_qwen2()
-    path, qwen2_path = tmp_path_factory.mktemp("tiny_llama"), tmp_path_factory.mktemp("tiny_qwen2")
-    model.save_pretrained(path)
-    qwen2.save_pretrained(qwen2_path)
+def hf(gloo_checks) -> tuple[dict[int, torch.Tensor], list[dict[str, Any]]]:
+    model, qwen2 = _tiny_llama(), _tiny_qwen2()  # seeded: the weights the ranks loaded from the checkpoints
     with torch.no_grad():
         expected = {n: model(_ids(n)).logits for n in COUNTS} | {"qwen2": qwen2(_ids(13)).logits}
-    return expected, sp_lab.launch(_worker, str(path), str(qwen2_path), world_size=TP, timeout=900.0)
+    return expected, rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("label", [c[0] for c in CASES])
