@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_large_report(REPORT)
     path = args.report or REPORT
     t_import = time.perf_counter()
-    from sp_lab.viz import graph
+    from sp_lab.viz import explorer as graph
     from sp_lab.viz.dag_layout import _cached_layout
 
     import_s = time.perf_counter() - t_import

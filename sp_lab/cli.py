@@ -28,18 +28,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sp_lab.config import BoundaryStrategy
+from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS
 from sp_lab.vocabulary import (
     DEFAULT_OUT,
     DEFAULT_REPORT,
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    REFERENCE_VARIANTS,
     SETUP_COLUMNS,
     SOURCES,
     TUNABLE_SOURCES,
     TUNED,
-    VARIANTS,
 )
 
 if TYPE_CHECKING:
@@ -95,7 +95,8 @@ def _add_measure_args(p: argparse.ArgumentParser, *, budget: float | None = None
                    help=f"token counts, comma-separated (default {DEFAULT_TOKENS})")
     p.add_argument("--num-layers", type=_positive_int, default=None, help="keep only this many layers")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
-    p.add_argument("--boundary", default=None, help="boundary strategy: none, gather_erase, gather, sharded")
+    p.add_argument("--boundary", default=None, choices=[b.value for b in BoundaryStrategy],
+                   help=f"boundary strategy: {BoundaryStrategy.names()}")
     p.add_argument("--config", type=Path, default=None, help="base LabConfig JSON (default: LabConfig())")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per point (default 3)")
     p.add_argument("--repeats", type=_positive_int, default=10, help="least timed calls per point (default 10)")
@@ -129,7 +130,7 @@ def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of ``python -m sp_lab`` (sub-commands run, sweep, tune, export, report, replay)."""
+    """The argparse parser of ``python -m sp_lab`` (sub-commands run, sweep, tune, export, report, replay, predict)."""
     parser = argparse.ArgumentParser(
         prog="python -m sp_lab",
         description="SP + AsyncTP under piecewise torch.compile: sweep latency, tune the policy, export the "
@@ -174,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-report", type=Path, default=None, help="a CompileReport JSON to draw as a graph")
     p.add_argument("--cdn", action="store_true", help="load plotly.js from its CDN (smaller, needs internet)")
     p.add_argument("--force", action="store_true", help="replace --out even if it reports another store's rows")
+
+    p = sub.add_parser("predict", help="predicted curves, crossover and config for GPUs that are not here "
+                       "(source: predicted), or --validate: the model against published figures")
+    p.add_argument("--model", default="llama-3-70b", help="preset to predict (default llama-3-70b)")
+    p.add_argument("--tp", type=_positive_int, default=8, help="tensor-parallel size (default 8)")
+    p.add_argument("--gpu", default="h200", help="h100, h100-hbm2e, h100-pcie, h200, h800 or b200 (default h200)")
+    p.add_argument("--dtype", default="bfloat16", help="matmul dtype (bfloat16; float8 once FP8 tables ship)")
+    p.add_argument("--tokens", type=_token_list, default=None, help="comma-separated token counts for the curves")
+    p.add_argument("--validate", action="store_true", help="print the model against published multi-GPU figures")
+    p.add_argument("--write", type=Path, default=None, help="with --validate: also write the page (docs/predictions.md)")
+    p.add_argument("--export-predicted", type=Path, default=None, metavar="DIR",
+                   help="write the predicted config to DIR, marked source=predicted (measured rows should decide)")
 
     p = sub.add_parser("replay", help="import recorded rows (parquet, CSV or a store) as source='replayed'")
     p.add_argument("source", type=Path, help="a .parquet / .csv file or a store directory")
@@ -336,7 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sp_lab.viz.report import ReportOverwriteError, write_report
+    from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _filter_rows(_load_rows(args.store, skip_corrupt=args.skip_corrupt), args)
     rec = None
@@ -392,7 +405,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not _is_rank0():
         return 0
     from sp_lab.tuning.export import export_config
-    from sp_lab.viz.report import ReportOverwriteError, write_report
+    from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _one_group(_one_source(_load_rows(store), MEASURED))
     path = export_config(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
@@ -421,8 +434,35 @@ def _broadcast(value: Any) -> Any:
     return box[0]
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """``predict``: the performance model's curves / crossover / config, or its validation table."""
+    from sp_lab.tuning.predict import advice, validation
+
+    if args.validate:
+        table = validation.validation_table()
+        print(validation.validation_markdown(table))
+        if args.write is not None:
+            args.write.parent.mkdir(parents=True, exist_ok=True)
+            args.write.write_text(validation.predictions_page(table))
+            print(f"wrote {args.write}")
+        return 0
+    try:
+        kwargs = {"tokens": args.tokens} if args.tokens else {}
+        prediction = advice.predict(args.model, args.tp, args.gpu, dtype=args.dtype, **kwargs)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    print(prediction.text())
+    if args.export_predicted is not None:
+        from sp_lab.tuning.export import export_config
+
+        path = export_config(prediction.rows, prediction.config(), args.export_predicted,
+                             chosen_in="python -m sp_lab predict (source: predicted)", allow_predicted=True)
+        print(f"wrote {path} (source: predicted -- not measured)")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "tune": cmd_tune, "export": cmd_export, "report": cmd_report,
-            "replay": cmd_replay}
+            "replay": cmd_replay, "predict": cmd_predict}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

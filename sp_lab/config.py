@@ -13,6 +13,7 @@ import bisect
 import dataclasses
 import datetime
 import difflib
+import enum
 import functools
 import json
 import math
@@ -28,6 +29,7 @@ from sp_lab.rules import MatmulRule, RuleError
 from sp_lab.vllm_releases import DEFAULT_RELEASE as DEFAULT_VLLM_RELEASE
 
 __all__ = [
+    "BoundaryStrategy",
     "ConfigError",
     "LabConfig",
     "export_tuned_config",
@@ -37,7 +39,6 @@ __all__ = [
 ]
 
 CompileMode = Literal["piecewise", "full_graph"]
-Boundary = Literal["none", "gather_erase", "gather", "sharded"]
 HeuristicDefault = Literal["fuse", "no_fuse"]
 CudaGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
 
@@ -49,6 +50,51 @@ _QUALIFIED_OP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[
 # vLLM's default CUDA-graph ladder starts 1, 2, 4, 8 and grows; powers of two up to 512 keep the
 # capture count (and capture memory) small while covering decode batch sizes.
 _DEFAULT_CAPTURE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class BoundaryStrategy(enum.StrEnum):
+    """How the residual crosses a piece boundary once SP shards it (``LabConfig.boundary``; piecewise mode).
+
+    Each strategy is one member; what the SP pass does at a graph's edges follows from its attributes:
+
+    - ``sp_before_split``: SP rewrites the whole graph before it is split, so boundaries carry the shard
+      and every piece is compiled for the shapes it really receives (otherwise SP runs inside each piece);
+    - ``gathers_outputs``: an output whose token dimension was sharded is all-gathered before it leaves;
+    - ``copies``: what happens to an epilogue ``copy_(dst [N, H], src)`` whose source became a shard:
+      ``"keep"`` (the mismatched copy stays: the known failure), ``"erase"`` (dropped: silently loses an
+      in-place residual update), ``"gather"`` (all-gathered into the copy: correct).
+
+    A member compares equal to its name (``BoundaryStrategy.SHARDED == "sharded"``) and is written as it.
+    """
+
+    sp_before_split: bool
+    gathers_outputs: bool
+    copies: Literal["keep", "erase", "gather"]
+
+    def __new__(cls, value: str, sp_before_split: bool, gathers_outputs: bool, copies: str) -> typing.Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.sp_before_split, member.gathers_outputs, member.copies = sp_before_split, gathers_outputs, copies
+        return member
+
+    NONE = "none", False, False, "keep"
+    """No fix-up: reproduces the ``assert_size_stride`` / ``copy_`` failures (vLLM's design, SP in each piece)."""
+    GATHER_ERASE = "gather_erase", False, True, "erase"
+    """The unmerged vLLM draft: all-gather shrunken outputs, erase mismatched ``copy_`` (wrong for in-place
+    residuals)."""
+    GATHER = "gather", False, True, "gather"
+    """All-gather at every boundary output and into the ``copy_``."""
+    SHARDED = "sharded", True, True, "gather"
+    """SP on the whole graph before splitting: the residual crosses boundaries as a shard."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> BoundaryStrategy:
+        raise ConfigError(f"boundary: unknown strategy {value!r}; choose from {cls.names()}")
+
+    @classmethod
+    def names(cls) -> str:
+        """``"none, gather_erase, gather, sharded"``: the accepted values, for messages and help texts."""
+        return ", ".join(m.value for m in cls)
 
 
 class ConfigError(ValueError):
@@ -89,12 +135,10 @@ class LabConfig:
     splitting_ops: list[str] = dataclasses.field(default_factory=lambda: ["sp_lab::attention"])
     """Qualified custom ops (``"namespace::name"``) the graph is split at in piecewise mode."""
 
-    boundary: Boundary = "sharded"
-    """How the residual crosses a piece boundary once SP shards it (piecewise mode only):
-    ``"none"``: no fix-up (reproduces the ``assert_size_stride`` / ``copy_`` failures);
-    ``"gather_erase"``: the unmerged vLLM draft -- all-gather shrunken outputs and erase mismatched
-    ``copy_`` (silently wrong for in-place residuals); ``"gather"``: all-gather, keeping the ``copy_``;
-    ``"sharded"``: SP on the whole graph before splitting, so pieces are compiled for sharded inputs."""
+    boundary: BoundaryStrategy = BoundaryStrategy.SHARDED
+    """How the residual crosses a piece boundary once SP shards it (piecewise mode only): one of
+    :class:`BoundaryStrategy` (``"none"``, ``"gather_erase"``, ``"gather"``, ``"sharded"``), given as the member
+    or its name."""
 
     compile_range_split_points: list[int] = dataclasses.field(default_factory=list)
     """Extra token boundaries: each point ``p`` starts a new compile range ``[p, ...]``. Sorted and
@@ -141,6 +185,8 @@ class LabConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             _check_type(f.name, value, hints[f.name])
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], enum.Enum):
+                setattr(self, f.name, hints[f.name](value))  # given by name, held as the member
             if isinstance(value, tuple):  # accepted for convenience; stored as a list like JSON
                 setattr(self, f.name, list(value))
         self._check_values()
@@ -208,7 +254,7 @@ class LabConfig:
         if self.compile_mode == "full_graph":
             if self.boundary != "sharded":
                 notes.append(
-                    f"boundary={self.boundary!r} has no effect with compile_mode='full_graph': "
+                    f"boundary='{self.boundary}' has no effect with compile_mode='full_graph': "
                     "there are no piece boundaries"
                 )
             if self.splitting_ops != ["sp_lab::attention"]:
@@ -303,6 +349,7 @@ class LabConfig:
         """Every field as plain JSON types (``heuristic`` as :meth:`MatmulRule.to_dict` or ``None``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["heuristic"] = None if self.heuristic is None else self.heuristic.to_dict()
+        d["boundary"] = self.boundary.value
         return {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
 
     @classmethod
@@ -497,6 +544,8 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _check_type(name: str, value: Any, expected: Any) -> None:
     """Raise ConfigError ``"<name>: expected <type>, got <type> <value>"`` unless ``value`` fits ``expected``."""
     origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if isinstance(expected, type) and issubclass(expected, enum.Enum):
+        origin, args = Literal, tuple(m.value for m in expected)
     if origin is Literal:
         if not isinstance(value, str) or value not in args:
             close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)

@@ -17,25 +17,22 @@ SP_ASYNC_TP = "sp+async_tp"
 TUNED = "tuned"
 """The given (tuned) config as is: whatever its gates choose at each token count."""
 
-REFERENCE_VARIANTS = (BASELINE, SP, SP_ASYNC_TP)
-"""The programs a policy chooses among at a token count, from least to most rewriting."""
-VARIANTS = (*REFERENCE_VARIANTS, TUNED)
-"""Every variant a sweep measures."""
-
-REWRITE_LEVEL = {BASELINE: 0, SP: 1, SP_ASYNC_TP: 2}
-"""How much of the graph a variant rewrites: among choices the data cannot tell apart, less is preferred."""
+# Which passes each variant runs, and the variants' order, are sp_lab.programs.PROGRAMS (one table).
 
 # ---------------------------------------------------------------------------------------------- sources
 MEASURED = "measured"
 """Timed here, on the devices the row names."""
 SIMULATED = "simulated"
-"""Predicted by the what-if model from single-GPU matmul timings; no distributed run happened."""
+"""Rows of the earlier uncalibrated what-if model (kept for recorded stores and test fixtures that carry it)."""
+PREDICTED = "predicted"
+"""Predicted by the calibrated performance model (``sp_lab.tuning.predict``) for a GPU that is not here:
+measured single-GPU kernel times plus a published-bandwidth communication model; no distributed run happened."""
 REHEARSAL = "rehearsal"
 """Several ranks on one GPU: the code path of a multi-GPU run, but not its latency."""
 REPLAYED = "replayed"
 """Recorded elsewhere (another machine or an earlier store) and imported."""
 
-SOURCES = (MEASURED, SIMULATED, REHEARSAL, REPLAYED)
+SOURCES = (MEASURED, PREDICTED, SIMULATED, REHEARSAL, REPLAYED)
 """Where a row's numbers come from; rows of different sources are never compared unlabelled."""
 TUNABLE_SOURCES = (MEASURED, REPLAYED)
 """Sources a threshold is tuned on unless another is named (in this order of preference)."""

@@ -297,3 +297,32 @@ def test_an_inductor_cache_hit_replays_the_pass_record(tmp_path, monkeypatch):
     timing = {"compile_time_s": 0.0, "inductor_cache_hit": None}
     same = [dataclasses.replace(p, **timing) for p in records]
     assert same[1] == same[0] and same[2] == same[0]  # counts, matches, decisions, snapshots: all as first seen
+
+
+SAVED_REPORT = Path(__file__).parent / "data" / "report_toy_sharded.json"
+
+
+@pytest.mark.parametrize(("where", "add", "path"), [
+    ("top level", lambda d: d, ""),
+    ("a range", lambda d: d["ranges"][1], "ranges[1]: "),
+    ("a piece", lambda d: d["ranges"][1]["pieces"][0], "ranges[1].pieces[0]: "),
+    ("a piece input", lambda d: d["ranges"][1]["pieces"][0]["inputs"][0], "ranges[1].pieces[0].inputs[0]: "),
+    ("a boundary", lambda d: d["ranges"][1]["boundaries"][0], "ranges[1].boundaries[0]: "),
+    ("a boundary tensor", lambda d: d["ranges"][1]["boundaries"][0]["tensors"][0],
+     "ranges[1].boundaries[0].tensors[0]: "),
+], ids=["top", "range", "piece", "piece_input", "boundary", "boundary_tensor"])
+def test_the_loader_refuses_a_field_it_does_not_know(tmp_path, where, add, path):
+    """A field the reader does not know is a report from another version (or a typo), never silently dropped."""
+    import json
+
+    from sp_lab.compiler.report import ReportError
+
+    doc = json.loads(SAVED_REPORT.read_text())
+    CompileReport.from_dict(json.loads(SAVED_REPORT.read_text()))  # the unmodified report loads
+    add(doc)["sharded_bytes"] = 1
+    file = tmp_path / "report.json"
+    file.write_text(json.dumps(doc))
+    for load in (lambda: CompileReport.from_dict(doc), lambda: CompileReport.load(file)):
+        with pytest.raises(ReportError) as caught:
+            load()
+        assert f"{path}unknown field(s) ['sharded_bytes']" in str(caught.value), (where, str(caught.value))

@@ -41,7 +41,7 @@ def group_name():
 
 def _compile(fn, inputs, group_name):
     sp_pass = SpLabPostGradPass(tp_size=1, rank=0, group_name=group_name, enable_sp=False, enable_async_tp=True,
-                                boundary="whole_graph", m_low=64, use_symm_mem=True)
+                                boundary="sharded", m_low=64, use_symm_mem=True)
 
     def backend(gm, example_inputs):
         with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}):

@@ -57,15 +57,23 @@ def test_graphs_of_every_size_replay_new_tokens_after_all_are_captured(model, mo
     config = sp_lab.LabConfig(tp_size=1, enable_sp=False, enable_async_tp=False, cudagraph_mode=mode,
                               cudagraph_capture_sizes=sizes, async_tp_min_tokens=10, max_num_tokens=64)
     compiled = sp_lab.compile(model, config)
+    before = cudagraphs.counters.copy()
     for n in sizes:
         ids = torch.randint(0, 256, (n,), device="cuda")
         compiled(ids), compiled(ids)  # warm-up, capture
+    captured = cudagraphs.counters - before
+    # SP is off at every size, so full_and_piecewise captures whole-forward graphs; piecewise captures the
+    # toy's 3 compiled pieces per size
+    full, pieces = {"piecewise": (0, 3), "full": (1, 0), "full_and_piecewise": (1, 0)}[mode]
+    assert (captured["full"], captured["piece"]) == (full * len(sizes), pieces * len(sizes)), captured
     for n in [*sizes, 3, 12]:
         for _ in range(2):
             ids = torch.randint(0, 256, (n,), device="cuda")
             with torch.no_grad():
                 want = model(ids)
             torch.testing.assert_close(compiled(ids), want, atol=1e-4, rtol=1e-4)
+    # 3 and 12 pad to the captured 4 and 16: the replays above captured nothing new
+    assert cudagraphs.counters - before == captured, cudagraphs.counters - before
 
 
 def test_piecewise_graphs_never_write_into_the_callers_tokens(model):
@@ -76,6 +84,10 @@ def test_piecewise_graphs_never_write_into_the_callers_tokens(model):
     compiled = sp_lab.compile(model, config)
     first = torch.randint(0, 256, (16,), device="cuda")
     kept = first.clone()
+    before = cudagraphs.counters.copy()
     compiled(first), compiled(first)  # warm-up, capture
+    captured = cudagraphs.counters - before
+    assert captured["piece"] == 3 and captured["full"] == 0, captured  # the toy's 3 pieces, at 16 tokens
     compiled(torch.randint(0, 256, (16,), device="cuda"))  # replay with other tokens
+    assert cudagraphs.counters - before == captured  # a replay, not a new capture
     assert torch.equal(first, kept)

@@ -9,7 +9,7 @@ import pytest
 from sp_lab.bench.timing import median_ci
 from sp_lab.config import LabConfig
 from sp_lab.tuning.policy import Policy, candidate_policies, recommend
-from sp_lab.tuning.regret import REGRET_COLUMNS, regret_table, variant_run
+from sp_lab.tuning.regret import REGRET_COLUMNS, medians, regret_table, variant_run
 
 TOKENS = [16, 64, 128, 256, 512, 1024]
 
@@ -38,6 +38,33 @@ def test_regret_table_needs_only_tokens_variant_latency():
     assert table["variant_run"].to_list() == ["baseline"] + ["sp+async_tp"] * 5
     assert table["best_variant"].to_list() == ["baseline"] * 3 + ["sp+async_tp"] * 3
     assert table["regret_rel"].to_list() == pytest.approx([0, 232 / 164 - 1, 264 / 228 - 1, 0, 0, 0])
+
+
+def test_regret_is_against_the_fastest_variant_at_each_token_count_not_the_baseline():
+    # At 16 tokens sp is fastest, at 256 sp+async_tp; baseline is never the best.
+    latency = {(16, "baseline"): 100.0, (16, "sp"): 80.0, (16, "sp+async_tp"): 120.0,
+               (256, "baseline"): 400.0, (256, "sp"): 380.0, (256, "sp+async_tp"): 300.0}
+    rows = [{"num_tokens": t, "variant": v, "latency_us": us} for (t, v), us in latency.items()]
+    never = regret_table(rows, LabConfig(enable_sp=False, enable_async_tp=False))
+    assert never["variant_run"].to_list() == ["baseline", "baseline"]
+    assert never["best_variant"].to_list() == ["sp", "sp+async_tp"]
+    assert never["best_us"].to_list() == [80.0, 300.0]
+    assert never["regret_rel"].to_list() == pytest.approx([(100 - 80) / 80, (400 - 300) / 300])
+    fused = regret_table(rows, LabConfig(async_tp_min_tokens=16))  # sp+async_tp at both token counts
+    assert fused["regret_rel"].to_list() == pytest.approx([(120 - 80) / 80, 0.0])
+
+
+def test_repeated_rows_of_a_point_pool_by_their_median():
+    """Three sweeps measured each point; one of them was disturbed at 16 tokens (a 10x slower baseline row)."""
+    latency = {(16, "baseline"): [100.0, 104.0, 1000.0], (16, "sp+async_tp"): [120.0, 121.0, 119.0],
+               (256, "baseline"): [400.0, 396.0, 410.0], (256, "sp+async_tp"): [300.0, 3000.0, 306.0]}
+    rows = [{"num_tokens": t, "variant": v, "latency_us": us} for (t, v), runs in latency.items() for us in runs]
+    pooled = medians(rows)
+    assert pooled["n"].to_list() == [3, 3, 3, 3]
+    assert pooled["latency_us"].to_list() == [104.0, 120.0, 400.0, 306.0]  # medians, not means (368, 1202)
+    table = regret_table(rows, LabConfig(async_tp_min_tokens=16))
+    assert table["best_variant"].to_list() == ["baseline", "sp+async_tp"]
+    assert table["regret_rel"].to_list() == pytest.approx([(120 - 104) / 104, 0.0])
 
 
 def test_what_a_config_runs_follows_its_gates():

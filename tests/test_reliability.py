@@ -61,7 +61,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-pytest.importorskip("plotly", reason="sp_lab.viz.graph needs plotly (optional on GPU machines)")
+pytest.importorskip("plotly", reason="sp_lab.viz.explorer needs plotly (optional on GPU machines)")
 from test_launch import _is_alive, _live_descendants
 from test_store import make_row
 from test_sweep import StandInCompiled, stand_in_build
@@ -83,7 +83,7 @@ from sp_lab.distributed.launch import LaunchTimeout, RankError
 from sp_lab.jsonfile import read_json
 from sp_lab.models.checkpoint import CheckpointError
 from sp_lab.rules import MatmulRule, RuleError
-from sp_lab.viz.graph import load_report
+from sp_lab.viz.explorer import load_report
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS = [1, 4, 16, 64]
@@ -453,7 +453,7 @@ def _readers(path: Path) -> dict[str, Any]:
         "LabConfig.from_json": lambda: LabConfig.from_json(path),
         "MatmulRule.from_json": lambda: MatmulRule.from_json(str(path)),
         "CompileReport.load": lambda: CompileReport.load(path),
-        "viz.graph.load_report": lambda: load_report(path),
+        "viz.explorer.load_report": lambda: load_report(path),
     }
 
 
@@ -633,8 +633,8 @@ def test_malformed_compile_report_names_the_field(doc, message):
 
 NOT_JSON_CASES = [
     pytest.param(reader, content)
-    # CompileReport.load is the one strict loader of saved reports; viz.graph.load_report goes through it.
-    for reader in ("LabConfig.from_json", "MatmulRule.from_json", "CompileReport.load", "viz.graph.load_report")
+    # CompileReport.load is the one strict loader of saved reports; viz.explorer.load_report goes through it.
+    for reader in ("LabConfig.from_json", "MatmulRule.from_json", "CompileReport.load", "viz.explorer.load_report")
     for content in ("binary", "truncated", "empty", "array")
 ]
 CONTENTS = {

@@ -17,8 +17,8 @@ import pytest
 from sp_lab.compiler.report import (
     OP_KEYS,
     SCHEMA,
-    Boundary,
     BoundaryCrossing,
+    BoundaryRecord,
     CompileReport,
     CopyEvent,
     CountKey,
@@ -52,7 +52,7 @@ def test_schema_1_files_load_into_records_and_round_trip(path):
     for rng, raw_rng in zip(report.ranges, raw["ranges"]):
         assert len(rng.pieces) == len(raw_rng["pieces"])
         assert all(isinstance(p, PieceRecord) for p in rng.pieces)
-        assert all(isinstance(b, Boundary) and all(isinstance(t, BoundaryCrossing) for t in b.tensors)
+        assert all(isinstance(b, BoundaryRecord) and all(isinstance(t, BoundaryCrossing) for t in b.tensors)
                    for b in rng.boundaries)
         assert [t["name"] for b in raw_rng["boundaries"] for t in b["tensors"]] == [
             t.name for b in rng.boundaries for t in b.tensors]
@@ -138,7 +138,7 @@ def test_records_are_frozen_and_the_report_reads_without_torch():
         record.index = 3
     code = ("import sys; from sp_lab.compiler.report import CompileReport; "
             f"r = CompileReport.load({str(REAL_V1)!r}); r.op_counts(12); "
-            "import sp_lab.viz.graph; assert 'torch' not in sys.modules, 'torch was imported'")
+            "import sp_lab.viz.explorer; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

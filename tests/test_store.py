@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -147,33 +150,58 @@ def test_done_keys_quarantines_by_default_so_a_resume_can_start(tmp_path):
 
 _WRITER = textwrap.dedent(
     """
-    import os, sys, time
+    import json, os, sys, time
     sys.path.insert(0, sys.argv[3])
     from sp_lab.bench.store import SweepStore
     from test_store import make_row
-    store = SweepStore(sys.argv[1])
-    while not os.path.exists(sys.argv[4]):  # start together, so the appends really interleave
-        time.sleep(0.005)
-    for i in range(50):
-        store.append([make_row(i + 1, sweep_id=sys.argv[2])])
+    store, me, sync = SweepStore(sys.argv[1]), sys.argv[2], sys.argv[4]
+    other = "b" if me == "a" else "a"
+    spans = []
+    for i in range(ROWS):
+        # a barrier before every append: both writers append row i at the same moment
+        open(os.path.join(sync, f"{me}{i}"), "w").close()
+        while not os.path.exists(os.path.join(sync, f"{other}{i}")):
+            time.sleep(0.0002)
+        start = time.time()
+        store.append([make_row(i + 1, sweep_id=me)])
+        spans.append((start, time.time()))
+    print(json.dumps(spans))
     """
 )
+CONCURRENT_ROWS = 50
 
 
 def test_two_concurrent_writers_lose_nothing(tmp_path):
-    """Two processes appending 50 rows each, at the same time, to one store -> exactly 100 rows."""
+    """Two processes appending 50 rows each, at the same time, to one store -> exactly 100 rows.
+
+    The writers meet at a barrier before every append, and the test checks that their appends really overlapped
+    in time: a run where one writer finished before the other started would prove nothing."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     tests_dir = str(Path(__file__).parent)
-    go = tmp_path.parent / "go"
+    store_dir, sync = tmp_path / "store", tmp_path / "sync"
+    sync.mkdir()
+    script = _WRITER.replace("ROWS", str(CONCURRENT_ROWS))
     writers = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), name, tests_dir, str(go)], env=env)
+        subprocess.Popen([sys.executable, "-c", script, str(store_dir), name, tests_dir, str(sync)], env=env,
+                         stdout=subprocess.PIPE, text=True)
         for name in ("a", "b")
     ]
-    go.touch()
-    assert [w.wait(timeout=60) for w in writers] == [0, 0]
-    df = SweepStore(tmp_path).read()
-    assert df.height == 100
-    assert df.group_by("sweep_id").len().sort("sweep_id")["len"].to_list() == [50, 50]
+    deadline = time.monotonic() + 120
+    while any(w.poll() is None for w in writers) and time.monotonic() < deadline:
+        if any(w.poll() not in (None, 0) for w in writers):
+            break  # one writer failed: the other would wait at the barrier for ever
+        time.sleep(0.05)
+    for w in writers:
+        if w.poll() is None:
+            w.kill()
+    outs = [w.communicate(timeout=30)[0] for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], "a writer failed (its traceback is above)"
+    spans_a, spans_b = (json.loads(out) for out in outs)
+    overlapping = sum(a0 < b1 and b0 < a1 for (a0, a1), (b0, b1) in zip(spans_a, spans_b, strict=True))
+    assert overlapping >= CONCURRENT_ROWS // 5, f"only {overlapping} of {CONCURRENT_ROWS} appends overlapped"
+    df = SweepStore(store_dir).read()
+    assert df.height == 2 * CONCURRENT_ROWS
+    assert df.group_by("sweep_id").len().sort("sweep_id")["len"].to_list() == [CONCURRENT_ROWS] * 2
     assert df["row_id"].is_unique().all()
 
 
@@ -247,6 +275,38 @@ def test_the_claim_of_a_killed_process_is_taken_over(tmp_path):
         holder.kill()
         holder.wait(timeout=10)
         holder.stdout.close()
+
+
+def test_a_point_measured_between_listing_and_claiming_is_not_measured_again(tmp_path):
+    """The race the re-check after a claim closes: sweep A lists the store (the point has no row), sweep B claims
+    the point, appends its row and lets the claim go, and only then A claims. A must see B's row and give up."""
+    store = SweepStore(tmp_path / "store")
+    key = tuple(make_row(8)[c] for c in KEY_COLUMNS)
+    seen, done = set(store.parts()), store.done_keys(source="measured")  # A's listing: nothing measured yet
+    assert key not in done
+    listed, measured, b_got = threading.Event(), threading.Event(), []
+
+    def sweep_b() -> None:  # another sweep of the same store (its own open file, so its own flock)
+        listed.wait(30)
+        other = SweepStore(tmp_path / "store")
+        claim = other.claim(key)
+        b_got.append(claim is not None)
+        other.append([make_row(8, sweep_id="b")])
+        claim.release()  # after the row is on disk, as a sweep does
+        measured.set()
+
+    b = threading.Thread(target=sweep_b)
+    b.start()
+    listed.set()
+    assert measured.wait(30) and b_got == [True]
+    b.join(timeout=30)
+    claims = store.claim_points({"sp": key}, seen, done)
+    assert claims == {}, "A claimed a point B measured after A listed the store: it would be measured twice"
+    assert key in done
+    again = store.claim(key)  # A let its claim go: nothing holds the point
+    assert again is not None
+    again.release()
+    assert store.read().height == 1
 
 
 def test_a_plan_is_recorded_read_and_forgotten(tmp_path):

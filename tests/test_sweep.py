@@ -10,6 +10,7 @@ expectation it is checked against.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -385,17 +386,26 @@ def test_several_calls_per_sample_give_per_call_times():
 
 
 def _rank_timing():
-    # rank 1 is the straggler: the step's latency is its median, not the average
-    return reduce_across_ranks(
-        time_cpu(lambda: time.sleep(0.001 + 0.004 * dist.get_rank()), warmup=0, repeats=3)
-    )
+    """One launch, two checks: rank 1 is the straggler in a plain timing and in interleaved rounds."""
+    from sp_lab.bench.interleave import StopRule, interleave
+
+    # the step's latency is the straggler's median, not the average
+    timing = reduce_across_ranks(time_cpu(lambda: time.sleep(0.001 + 0.004 * dist.get_rank()), warmup=0, repeats=3))
+    # interleaved rounds: rank 0's call takes 1 ms, rank 1's at least 20 ms; every recorded call is the step's
+    stop = StopRule(repeats=4, max_repeats=4, ci_width=1e-9, budget_s=None, points_left=1)
+    rounds = interleave({"v": lambda: time.sleep(0.001 + 0.019 * dist.get_rank())}, device=torch.device("cpu"),
+                        warmup=0, cuda_graph=False, stop=stop)
+    return timing, rounds["v"].samples_us
 
 
 def test_latency_across_ranks_is_the_slowest_ranks_median():
-    r0, r1 = sp_lab.launch(_rank_timing, world_size=2, backend="gloo", timeout=60.0)
+    (r0, samples0), (r1, samples1) = sp_lab.launch(_rank_timing, world_size=2, backend="gloo", timeout=60.0)
     assert r0 == r1  # every rank gets the same answer
     assert r0.median_us == max(r0.rank_medians_us) == r0.rank_medians_us[1] >= 5000
     assert r0.rank_medians_us[0] < 5000
+    # interleaved sweeps keep the slowest rank's time of every call (rank 1 sleeps >= 20 ms), on every rank
+    assert samples0 == samples1 and len(samples0) == 4
+    assert min(samples0) >= 20_000, f"a recorded call is faster than the slowest rank: {samples0}"
 
 
 @pytest.mark.gpu
@@ -444,16 +454,68 @@ def test_variants_are_interleaved_in_rotating_order_per_token_count(tmp_path):
     assert max(t for _, t in RecordingCompiled.log[:len(RecordingCompiled.log) // 2]) == 2  # 2 done before 8
 
 
+class _FakeClock:
+    """``time.monotonic`` for the interleaving loop only: each stand-in call advances it by ``step`` seconds."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def compile(self, model, config):
+        clock = self
+
+        class Ticking(StandInCompiled):
+            def __call__(self, input_ids):
+                clock.now += clock.step
+                return super().__call__(input_ids)
+
+        return Ticking(model, config)
+
+
+def test_the_time_budget_is_shared_by_the_token_counts(tmp_path, monkeypatch):
+    """4 token counts, a 1 s budget and calls that take 10 ms (on a fake clock): each token count gets 0.25 s,
+    25 rounds, however fast the machine; without sharing the first would take all 100."""
+    from sp_lab.bench import interleave
+
+    clock = _FakeClock(0.01)
+    monkeypatch.setattr(interleave, "time", clock)
+    result = run_sweep("stand-in", token_counts=[2, 4, 8, 16], store_dir=tmp_path, config=LabConfig(tp_size=1),
+                       variants=["baseline"], warmup=0, repeats=2, max_repeats=100_000, ci_width=1e-9, budget_s=1.0,
+                       progress=False, build_fn=stand_in_build, compile_fn=clock.compile)
+    repeats = {r["num_tokens"]: r["repeats"] for r in result.rows}
+    assert sorted(repeats) == [2, 4, 8, 16]
+    assert all(24 <= n <= 26 for n in repeats.values()), f"rounds per token count: {repeats}"
+    assert all("time budget spent" in r["note"] for r in result.rows)
+
+
 def test_rounds_stop_when_the_intervals_are_narrow_or_the_budget_ends(tmp_path):
     common = {"token_counts": [4], "config": LabConfig(tp_size=1), "variants": ["baseline"], "warmup": 2,
               "progress": False, "build_fn": stand_in_build, "compile_fn": stand_in_compile}
-    loose = run_sweep("stand-in", store_dir=tmp_path / "a", repeats=6, max_repeats=500, ci_width=10.0, **common)
+    # Any interval is narrow enough: the sweep stops at `repeats`. (A finite width was flaky: over 6 samples the
+    # 95% interval is (min, max), and one preempted call of a microsecond stand-in is 100x the median.)
+    loose = run_sweep("stand-in", store_dir=tmp_path / "a", repeats=6, max_repeats=500, ci_width=math.inf, **common)
     assert loose.rows[0]["repeats"] == 6 and "intervals within" in loose.rows[0]["note"]
     tight = run_sweep("stand-in", store_dir=tmp_path / "b", repeats=6, max_repeats=100_000, ci_width=1e-9,
                       budget_s=2.0, **common)
     assert tight.rows[0]["repeats"] > 6 and "time budget spent" in tight.rows[0]["note"]
     with pytest.raises(ValueError, match="need max_repeats >= repeats"):
         run_sweep("stand-in", store_dir=tmp_path / "c", repeats=6, max_repeats=2, **common)
+
+
+def test_the_stop_rule_reads_the_intervals_of_every_variant():
+    """The decision itself, on given samples (deterministic): narrow intervals stop, one wide variant goes on."""
+    from sp_lab.bench.interleave import StopRule
+
+    rule = StopRule(repeats=6, max_repeats=8, ci_width=0.10, budget_s=None, points_left=1)
+    narrow = [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]  # 6 samples: the interval is (98, 102), 4% of 100
+    wide = [100.0, 300.0, 100.0, 300.0, 100.0, 300.0]  # (100, 300): 100% of its median 200
+    assert rule.reason({"a": narrow[:5], "b": narrow[:5]}, 0.0, None) is None  # fewer than `repeats`
+    assert "intervals within 10% of the medians after 6 rounds" in rule.reason({"a": narrow, "b": narrow}, 0.0, None)
+    assert rule.reason({"a": narrow, "b": wide}, 0.0, None) is None
+    assert "time budget spent" in rule.reason({"a": narrow, "b": wide}, 1.5, 1.0)
+    assert "max_repeats=8 reached" in rule.reason({"a": narrow + [100.0] * 2, "b": wide + [100.0, 300.0]}, 0.0, None)
 
 
 # ------------------------------------------------------------------------------------------------ real compiler

@@ -11,7 +11,8 @@ from sp_lab.config import LabConfig
 from sp_lab.tuning.regret import regret_table
 
 go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
-from sp_lab.viz import latency  # after the skip: it imports plotly
+from sp_lab.viz import latency
+from sp_lab.viz.live_figure import LiveFigure  # after the skip: it imports plotly
 
 TOKENS = (1, 8, 64, 128, 512, 2048, 8192)
 # Made-up latencies with the published shape: fusion loses at small token counts, wins at large ones.
@@ -137,17 +138,26 @@ def test_no_config_means_no_regret(sweep):
 def test_live_widget_updates_in_place(sweep):
     first = sweep.filter(pl.col("num_tokens") <= 64)
     config = LabConfig(async_tp_min_tokens=128)
-    fig = latency.plot_latency(first, config=config, widget=True)
-    assert isinstance(fig, go.FigureWidget)
-    sp_trace = next(t for t in fig.data if t.name == "sp")
-    n_traces = len(fig.data)
-    assert len(sp_trace.x) == 3
+    view = latency.plot_latency(first, config=config, widget=True)
+    assert isinstance(view, LiveFigure)
+
+    def synced(name):  # what the browser receives: the figure's JSON, whole
+        return [t for t in view.figure["data"] if t.get("name") == name]
+
+    (sp_trace,) = synced("sp")
+    assert len(sp_trace["x"]) == 3
     more = pl.concat([sweep, pl.DataFrame([_row(n, "sp", source="simulated") for n in TOKENS])])
+    latency.update_latency_figure(view, more, config=config)
+    (sp_trace,) = synced("sp")
+    assert len(sp_trace["x"]) == len(TOKENS)
+    # the simulated curve is drawn too (no regret: the simulated rows lack the baseline)
+    (simulated,) = synced("sp (simulated)")
+    assert simulated["line"]["dash"] == "dash"
+    # a go.Figure is updated in place: the same trace object gets every point
+    fig = latency.plot_latency(first, config=config)
+    trace = next(t for t in fig.data if t.name == "sp")
     latency.update_latency_figure(fig, more, config=config)
-    assert len(sp_trace.x) == len(TOKENS)  # the same trace object, now with every point
-    # New series are appended: the simulated curve (no regret: the simulated rows lack the baseline)
-    assert [t.name for t in fig.data[n_traces:]] == ["sp (simulated)"]
-    assert fig.data[-1].line.dash == "dash"
+    assert len(trace.x) == len(TOKENS) and fig.data[-1].name == "sp (simulated)"
 
 
 def test_bad_and_empty_input():

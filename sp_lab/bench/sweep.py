@@ -1,13 +1,9 @@
 """Latency sweeps: one model, several variants (which passes are on), many token counts.
 
-Variants, each a copy of the user's :class:`~sp_lab.config.LabConfig` (``dataclasses.replace``):
-
-============== ====================================================================================
-``baseline``   plain TP: ``all_reduce`` after row-parallel matmuls (SP and AsyncTP off)
-``sp``         sequence parallelism only (reduce_scatter / all_gather), no fused kernels
-``sp+async_tp`` SP and AsyncTP at every token count (``async_tp_min_tokens=1``, no per-matmul rule)
-``tuned``      the given config as is: the gated, tuned configuration
-============== ====================================================================================
+Variants are :data:`sp_lab.programs.VARIANTS`: each reference variant (``baseline``, ``sp``,
+``sp+async_tp``) runs its program at every token count with no per-matmul rule, ``tuned`` is the given
+config as is; :func:`sp_lab.programs.variant_config` derives each from the user's
+:class:`~sp_lab.config.LabConfig` and :func:`sp_lab.programs.expectation` says what its report should show.
 
 :func:`run_sweep` runs *inside every rank* (from :func:`sp_lab.launch`, under ``torchrun``, or in one
 plain process for tp=1). All ranks build and compile the same model and time the same calls; the
@@ -46,16 +42,8 @@ import torch.distributed as dist
 from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
 from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.distributed.collectives import rehearsal_device
-from sp_lab.vocabulary import (
-    BASELINE,
-    MEASURED,
-    REFERENCE_VARIANTS,
-    REHEARSAL,
-    SP,
-    SP_ASYNC_TP,
-    TUNED,
-    VARIANTS,
-)
+from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS, expectation, variant_config
+from sp_lab.vocabulary import MEASURED, REHEARSAL
 
 if TYPE_CHECKING:
     from sp_lab.compiler.backend import CompiledModel
@@ -70,61 +58,10 @@ MISSING_SUFFIX = " [fusion missing]"
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def variant_config(variant: str, config: LabConfig, *, tp_size: int | None = None) -> LabConfig:
-    """The :class:`LabConfig` that ``variant`` measures, derived from ``config`` (which is not changed).
-
-    ``tp_size`` (the sweep's world size) overrides ``config.tp_size`` when given. The reference variants
-    drop any per-matmul rule (``heuristic=None``) so that "sp+async_tp" really means "fused everywhere".
-    """
-    tp = {"tp_size": tp_size} if tp_size is not None else {}
-    plain = {"heuristic": None, "sp_min_tokens": None, **tp}
-    if variant == BASELINE:
-        return dataclasses.replace(config, enable_sp=False, enable_async_tp=False, **plain)
-    if variant == SP:
-        return dataclasses.replace(config, enable_sp=True, enable_async_tp=False, async_tp_min_tokens=1, **plain)
-    if variant == SP_ASYNC_TP:
-        return dataclasses.replace(config, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=1, **plain)
-    if variant == TUNED:
-        return dataclasses.replace(config, **tp)
-    raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
-
-
 def config_hash(config: LabConfig) -> str:
     """A short, stable hash of a config's JSON form (12 hex digits): part of a row's resume key."""
     text = json.dumps(config.to_dict(), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-@dataclasses.dataclass(frozen=True)
-class Expectation:
-    """What a variant's config should make happen at one token count (judged against the report)."""
-
-    sp: bool
-    """SP should rewrite at least one all_reduce."""
-    fusion: bool
-    """At least one fused AsyncTP op should run."""
-    note: str = ""
-    """Why an expectation is off where one might assume it on."""
-
-
-def expectation(config: LabConfig, num_tokens: int) -> Expectation:
-    """What ``config`` should do at ``num_tokens`` tokens, from the config's own compile-range gates.
-
-    SP is expected where :meth:`LabConfig.sp_active_for` says so for the range serving ``num_tokens``
-    (with tp > 1); fusion where :meth:`LabConfig.async_tp_active_for` does and no per-matmul rule is set
-    (a rule may legitimately refuse every matmul, so fusion is then not *expected*).
-    """
-    if config.tp_size <= 1:
-        return Expectation(sp=False, fusion=False, note="tp=1: no collectives to rewrite")
-    compile_range = config.range_for(num_tokens)
-    sp = bool(config.sp_active_for(compile_range))
-    fusion = bool(config.async_tp_active_for(compile_range))
-    note = ""
-    if config.enable_sp and not sp:
-        note = f"gated off: {num_tokens} < {config.sp_start} (where SP starts)"
-    elif fusion and getattr(config, "heuristic", None) is not None:
-        fusion, note = False, "per-matmul rule decides fusion"
-    return Expectation(sp=sp, fusion=fusion, note=note)
 
 
 # ---------------------------------------------------------------------------------------------- provenance

@@ -13,7 +13,7 @@ from torch import fx
 from sp_lab.compiler.inspection import shape_json
 from sp_lab.compiler.passes.graph_builder import same_size
 from sp_lab.compiler.passes.sequence_parallel import TOKEN_SHARD
-from sp_lab.compiler.report import Boundary, BoundaryCrossing, PieceRecord, Shape
+from sp_lab.compiler.report import BoundaryCrossing, BoundaryRecord, PieceRecord, Shape
 from sp_lab.compiler.split import SplitGraph
 from sp_lab.compiler.tensor_names import TensorNames
 
@@ -27,7 +27,7 @@ def record_boundaries(
     pieces: list[PieceRecord],
     names: TensorNames,
     tp_size: int,
-) -> list[Boundary]:
+) -> list[BoundaryRecord]:
     """The boundaries of ``split``, with the fake ``values`` its nodes took for one call.
 
     ``token_shape`` is the token input's shape up to its token dimension (``[N]``, or ``[B, S]`` for a batch:
@@ -93,7 +93,7 @@ def record_boundaries(
                     if u.op == "call_module" and index_of[u] >= piece.index and node in u.args
                 ),
             ))
-        boundaries.append(Boundary(index=len(boundaries), splitting_op=piece.splitting_op,
+        boundaries.append(BoundaryRecord(index=len(boundaries), splitting_op=piece.splitting_op,
                                    after_piece=piece.index - 1, before_piece=piece.index + 1,
                                    tensors=tuple(crossing)))
     return boundaries

@@ -80,7 +80,7 @@ def guard_inputs(fn: Callable, record: Callable[[], PieceRecord], report: RangeR
 def explain(failure: BoundaryFailure, rng: CompileRange | None, boundary: str = "none") -> str:
     where = f" in range {rng.label}" if rng is not None else ""
     return (
-        f"boundary={boundary!r}{where}: sequence parallelism sharded tensor {failure.tensor!r} at piece "
+        f"boundary='{boundary}'{where}: sequence parallelism sharded tensor {failure.tensor!r} at piece "
         f"{failure.piece} ({failure.check} failed: expected shape {_shape(failure.expected_shape)}, got "
         f"{_shape(failure.actual_shape)}). The residual leaves the piece as a token shard while the next piece "
         "was compiled for the full token count. Use boundary='gather' (re-gather at every boundary) or "

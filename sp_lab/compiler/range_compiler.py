@@ -32,13 +32,14 @@ from sp_lab.compiler.cudagraphs import CudaGraphPiece
 from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs, with_range
 from sp_lab.compiler.fake_inputs import TokenGuards, meta_devices_to_cpu, range_inputs
 from sp_lab.compiler.inspection import structural_fingerprint, tensor_spec
-from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.boundary import BoundaryPolicy
 from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.piece_compilers import CompiledPiece, PieceCompiler, choose_piece_compiler
 from sp_lab.compiler.report import CountKey, PieceRecord, RangeReport
 from sp_lab.compiler.split import SplitGraph, split_at
 from sp_lab.compiler.tensor_names import TensorNames
+from sp_lab.config import BoundaryStrategy
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -88,7 +89,7 @@ class RangeCompiler:
         start = time.perf_counter()
         if self.config.compile_mode == "full_graph":
             fn = self._compile_full_graph()
-        elif self.config.boundary == "sharded" and self.range.enable_sp:
+        elif self.config.boundary.sp_before_split and self.range.enable_sp:
             fn = self._compile_sharded()
         else:
             pieces = choose_piece_compiler(inspect_only=self.inspect_only, aten=False)
@@ -126,14 +127,14 @@ class RangeCompiler:
         if widths:
             get_symm_mem_workspace(self.group_name, min_size=rows * max(widths) * 4)  # 4 bytes: fp32 worst case
 
-    def _pass(self, *, sp: bool, policy: str, index: int = 0, name: str = "graph") -> SpLabPostGradPass:
+    def _pass(self, *, sp: bool, boundary: BoundaryStrategy, index: int = 0, name: str = "graph") -> SpLabPostGradPass:
         return SpLabPostGradPass(
             tp_size=self.effective.tp_size,
             rank=self.rank,
             group_name=self.group_name,
             enable_sp=sp,
             enable_async_tp=self.range.enable_async_tp,
-            boundary=policy,
+            boundary=boundary,
             m_low=self.range.lo,
             use_symm_mem=self.effective.fused_op_impl == "symm_mem",
             rule=self.config.heuristic,
@@ -147,7 +148,7 @@ class RangeCompiler:
     # -- strategies ------------------------------------------------------------------------------------------------
     def _compile_full_graph(self) -> Callable:
         pieces = choose_piece_compiler(inspect_only=self.inspect_only, aten=False)
-        sp_pass = self._pass(sp=self.range.enable_sp, policy="whole_graph")
+        sp_pass = self._pass(sp=self.range.enable_sp, boundary=BoundaryStrategy.SHARDED)  # one graph: SP on all of it
         start = time.perf_counter()
         compiled = pieces(self.gm, self.example_inputs, sp_pass)
         self.report.pieces = [dataclasses.replace(
@@ -167,7 +168,7 @@ class RangeCompiler:
             remove_noop_ops(aten_gm.graph)
             whole_graph_sp.append(apply_sequence_parallel(
                 aten_gm.graph, tp_size=self.effective.tp_size, rank=self.rank, group_name=self.group_name,
-                policy=policy_for("whole_graph"), token_dim=self.config.token_dim,
+                policy=BoundaryPolicy(BoundaryStrategy.SHARDED), token_dim=self.config.token_dim,
             ))
             aten_gm.recompile()
             # split_module hands a piece the symbols its inputs' sizes use (the token count, when a piece only
@@ -198,12 +199,11 @@ class RangeCompiler:
 
     def _compile_split(self, gm: fx.GraphModule, inputs: list[Any], pieces: PieceCompiler, *, in_piece_sp: bool) -> Callable:
         split = split_at(gm, self.config.splitting_ops)
-        policy = self.config.boundary if in_piece_sp else "whole_graph"
         fake_mode = detect_fake_mode(inputs) or self.fake_mode
         fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(
             x, torch._subclasses.FakeTensor) else x for x in inputs]
         walk = _PieceWalk(split.module, split, lambda submod, args, index, name: self._compile_piece(
-            submod, args, index, name, pieces, sp=in_piece_sp, policy=policy))
+            submod, args, index, name, pieces, sp=in_piece_sp))
         with fake_mode:
             walk.run(*fake_inputs)
         self.report.pieces = walk.records
@@ -225,13 +225,13 @@ class RangeCompiler:
         return run
 
     def _compile_piece(self, submod: fx.GraphModule, args: list[Any], index: int, name: str, pieces: PieceCompiler,
-                       *, sp: bool, policy: str) -> CompiledPiece:
+                       *, sp: bool) -> CompiledPiece:
         fingerprint = structural_fingerprint(submod, args)
         if fingerprint in self._dedup:
             hit = self._dedup[fingerprint]
             return dataclasses.replace(hit, record=dataclasses.replace(
                 hit.record, index=index, name=name, cache_hit=True, compile_time_s=0.0))
-        sp_pass = self._pass(sp=sp, policy=policy, index=index, name=name)
+        sp_pass = self._pass(sp=sp, boundary=self.config.boundary, index=index, name=name)
         start = time.perf_counter()
         try:
             compiled = pieces(submod, args, sp_pass)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from sp_lab.config import BoundaryStrategy
+
 __all__ = [
     "COLLECTIVE_KEYS",
     "FUSED_KEYS",
@@ -28,9 +30,9 @@ __all__ = [
     "OP_KEYS",
     "SCHEMA",
     "SP_MATCH_KEYS",
-    "Boundary",
     "BoundaryCrossing",
     "BoundaryFailure",
+    "BoundaryRecord",
     "CompileReport",
     "CopyEvent",
     "CountKey",
@@ -198,7 +200,7 @@ class BoundaryCrossing:
 
 
 @dataclass(frozen=True)
-class Boundary:
+class BoundaryRecord:
     """One splitting op and every tensor crossing it."""
 
     index: int
@@ -269,12 +271,12 @@ class RangeReport:
     hi: int
     enable_sp: bool
     enable_async_tp: bool
-    boundary: str
+    boundary: BoundaryStrategy
     compile_mode: str
     compiled: bool = False
     compile_time_s: float = 0.0
     pieces: list[PieceRecord] = field(default_factory=list)
-    boundaries: list[Boundary] = field(default_factory=list)
+    boundaries: list[BoundaryRecord] = field(default_factory=list)
     failures: list[BoundaryFailure] = field(default_factory=list)
     dynamo_graph: int | None = None  # index into CompileReport.graphs; None: not compiled yet
     static_tokens: int | None = None  # copied from that graph: the one token count this artifact serves

@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
+from sp_lab.config import BoundaryStrategy
 from sp_lab.vocabulary import REHEARSAL
 
 __all__ = ["BOUNDARIES", "CASES", "RehearsalCase", "RehearsalRow", "rehearse_case", "rehearse_numerics"]
 
-BOUNDARIES = ("none", "gather_erase", "gather", "sharded")
+BOUNDARIES = tuple(BoundaryStrategy)
 """Every boundary strategy ``LabConfig.boundary`` accepts, in the order a rehearsal compiles them."""
 
 

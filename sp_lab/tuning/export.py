@@ -15,7 +15,7 @@ import polars as pl
 
 from sp_lab.tuning.policy import Policy
 from sp_lab.tuning.regret import regret_table, summarize
-from sp_lab.vocabulary import NEVER
+from sp_lab.vocabulary import NEVER, PREDICTED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -62,12 +62,19 @@ def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recomme
 
 def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, *,
                   recommendation: Recommendation | None = None, chosen_in: str,
-                  vllm_release: str | None = None) -> Path:
-    """Write ``config`` (tuned on ``rows`` of one setup) with its provenance; returns the file's path."""
+                  vllm_release: str | None = None, allow_predicted: bool = False) -> Path:
+    """Write ``config`` (tuned on ``rows`` of one setup) with its provenance; returns the file's path.
+
+    Rows the performance model predicted (``source="predicted"``) are refused unless ``allow_predicted``:
+    exporting a config no GPU has confirmed is an explicit choice, and the file then says ``source: predicted``.
+    """
     from sp_lab.config import DEFAULT_VLLM_RELEASE, export_tuned_config
 
     if rows.height == 0:
         raise ValueError("no rows: run a sweep or replay recorded rows before exporting")
+    if not allow_predicted and "source" in rows.columns and (rows["source"] == PREDICTED).any():
+        raise ValueError("these rows are predictions (source='predicted'), not measurements; export them only on "
+                         "purpose: allow_predicted=True (CLI: python -m sp_lab predict --export-predicted DIR)")
     row = rows.row(0, named=True)
     return export_tuned_config(
         config,

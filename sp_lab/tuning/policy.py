@@ -31,99 +31,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from sp_lab.programs import REFERENCE_VARIANTS, Policy
 from sp_lab.tuning.regret import as_frame, best_per_token, complete_tokens, medians, regret_table, summarize
-from sp_lab.vocabulary import BASELINE, NEVER, REFERENCE_VARIANTS, REWRITE_LEVEL, SP, SP_ASYNC_TP
+from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    """Reference variant per token range: ``steps[i] = (first token count, variant)``, the first at 1."""
-
-    steps: tuple[tuple[int, str], ...]
-
-    def __post_init__(self) -> None:
-        starts = [s for s, _ in self.steps]
-        levels = [REWRITE_LEVEL.get(v, -1) for _, v in self.steps]
-        if not self.steps or starts[0] != 1 or starts != sorted(set(starts)) or levels != sorted(set(levels)) \
-                or min(levels) < 0:
-            raise ValueError(
-                f"a policy's steps start at 1 token and move to more rewriting variants "
-                f"({' -> '.join(REFERENCE_VARIANTS)}) at increasing token counts; got {self.steps}"
-            )
-
-    @classmethod
-    def constant(cls, variant: str) -> Policy:
-        """``variant`` at every token count."""
-        return cls(((1, variant),))
-
-    @classmethod
-    def gate(cls, below: str, above: str, threshold: int | None) -> Policy:
-        """``below`` under ``threshold`` tokens, ``above`` from it on; ``None`` ("never"): ``below`` everywhere."""
-        if threshold is None:
-            return cls.constant(below)
-        return cls.constant(above) if threshold <= 1 else cls(((1, below), (threshold, above)))
-
-    @classmethod
-    def of(cls, config: LabConfig) -> Policy:
-        """The policy ``config``'s gates run (a per-matmul rule, if any, is not part of it)."""
-        if not (config.enable_sp and config.tp_size > 1):
-            return cls.constant(BASELINE)
-        steps = [(1, BASELINE)] if config.sp_start > 1 else []
-        if not config.enable_async_tp:
-            return cls((*steps, (config.sp_start, SP)))
-        if config.async_tp_min_tokens > config.sp_start:
-            steps.append((config.sp_start, SP))
-        return cls((*steps, (config.async_tp_min_tokens, SP_ASYNC_TP)))
-
-    def variant_at(self, num_tokens: int) -> str:
-        """The variant this policy runs at ``num_tokens``."""
-        return [v for s, v in self.steps if s <= num_tokens][-1]
-
-    @property
-    def thresholds(self) -> tuple[int, ...]:
-        """Token counts where the program changes (empty for a constant policy)."""
-        return tuple(s for s, _ in self.steps[1:])
-
-    @property
-    def threshold(self) -> int | None:
-        """The single threshold of a one-threshold policy (``None`` for "never")."""
-        return self.thresholds[0] if self.thresholds else None
-
-    @property
-    def name(self) -> str:
-        """e.g. "baseline below 64, sp+async_tp from 64"; "baseline everywhere (SP and AsyncTP never)"."""
-        if len(self.steps) == 1:
-            variant = self.steps[0][1]
-            return f"{variant} everywhere" + (" (SP and AsyncTP never)" if variant == BASELINE else "")
-        parts = [f"{self.steps[0][1]} below {self.steps[1][0]}"]
-        parts += [f"{v} from {s}" for s, v in self.steps[1:]]
-        return ", ".join(parts)
-
-    def rewrites(self, tokens: Sequence[int]) -> int:
-        """How much rewriting this policy does over ``tokens``: the sum of its variants' rewrite levels."""
-        return sum(REWRITE_LEVEL[self.variant_at(t)] for t in tokens)
-
-    def to_config(self, base: LabConfig) -> LabConfig:
-        """``base`` with its gates set to run this policy (reference variants: no per-matmul rule)."""
-        start = {v: s for s, v in self.steps}
-        plain = {"heuristic": None, "sp_min_tokens": None}
-        if set(start) == {BASELINE}:
-            return dataclasses.replace(base, enable_sp=False, enable_async_tp=False, **plain)
-        if SP_ASYNC_TP not in start:
-            return dataclasses.replace(base, enable_sp=True, enable_async_tp=False,
-                                       async_tp_min_tokens=start[SP], **plain)
-        sp_min = start.get(SP, start[SP_ASYNC_TP] if BASELINE in start else 1)
-        return dataclasses.replace(base, enable_sp=True, enable_async_tp=True, **{
-            **plain, "async_tp_min_tokens": start[SP_ASYNC_TP],
-            "sp_min_tokens": None if sp_min == start[SP_ASYNC_TP] else sp_min})
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON form: the name, the steps and the one-threshold value (``"never"`` when it switches nowhere)."""
-        return {"name": self.name, "steps": [list(s) for s in self.steps],
-                "threshold": NEVER if self.threshold is None else self.threshold}
 
 
 def candidate_policies(tokens: Sequence[int], variants: Sequence[str], *,

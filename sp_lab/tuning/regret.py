@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.vocabulary import BASELINE, REFERENCE_VARIANTS, REWRITE_LEVEL, SP, SP_ASYNC_TP, TUNED
+from sp_lab.programs import REFERENCE_VARIANTS, REWRITE_LEVEL, variant_run
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -33,16 +33,6 @@ REGRET_COLUMNS = ("num_tokens", "variant_run", "latency_us", "best_variant", "be
 """The columns of :func:`regret_table`, in order."""
 
 _Z95 = 1.959963984540054
-
-
-def variant_run(config: LabConfig, num_tokens: int) -> str:
-    """The variant whose program ``config`` runs at ``num_tokens`` tokens (from its compile-range gates)."""
-    compile_range = config.range_for(num_tokens)
-    if config.tp_size <= 1 or not config.sp_active_for(compile_range):
-        return BASELINE
-    if not config.async_tp_active_for(compile_range):
-        return SP
-    return SP_ASYNC_TP if config.heuristic is None else TUNED
 
 
 def as_frame(rows: pl.DataFrame | Sequence[Mapping]) -> pl.DataFrame:

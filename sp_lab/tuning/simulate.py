@@ -1,4 +1,7 @@
-"""What-if latency model: predict SP / AsyncTP sweeps for hardware that is not here.
+"""The earlier, uncalibrated what-if model (rows ``source="simulated"``); the calibrated one is
+:mod:`sp_lab.tuning.predict` (chunk pipeline, contention, measured fused-op cost, per-GPU hardware data,
+validated against published figures). This module stays for the tuning fixtures and stores that carry
+``"simulated"`` rows; its measured tables now live in :mod:`sp_lab.tuning.predict.kernels`.
 
 Until multi-GPU measurements exist, a sweep is *predicted* from two ingredients:
 
@@ -29,34 +32,29 @@ shows the fused kernel costing 1.7-2.2x a plain matmul at M=4096 even with no co
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import polars as pl
 
-from sp_lab.resources import H200_DIR, h200_file, load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
+from sp_lab.tuning.predict.hardware import RING_FACTORS
+from sp_lab.tuning.predict.kernels import (  # noqa: F401  (re-exported: this module's former home of the tables)
+    CHUNKING_TP8_JSON,
+    SINGLE_GPU_JSON,
+    MatmulTable,
+    RooflineMatmul,
+    fit_roofline,
+)
+from sp_lab.tuning.predict.layer import num_layers_of
 from sp_lab.vocabulary import BASELINE, MEASURED, SIMULATED, SP, SP_ASYNC_TP, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.rules import MatmulRule
     from sp_lab.tuning.microbench import ModelDescription
 
-#: Measured on one H200 for this project (docs/measured-h200.md).
-CHUNKING_TP8_JSON = h200_file("gemm_chunking_tp8.json")
-#: Written by benchmarks/bench_matmul_h200.py on the H200 (docs/measured-h200.md).
-SINGLE_GPU_JSON = h200_file("matmul_single_gpu.json")
-
-COLLECTIVE_FACTORS = {
-    "all_reduce": lambda tp: 2 * (tp - 1) / tp,
-    "reduce_scatter": lambda tp: (tp - 1) / tp,
-    "all_gather": lambda tp: (tp - 1) / tp,
-}
+COLLECTIVE_FACTORS = RING_FACTORS
 
 
 # ------------------------------------------------------------------------------------ communication
@@ -123,170 +121,6 @@ PCIE5 = AlphaBeta(
 )
 
 INTERCONNECTS = {c.name: c for c in (H200_NVLINK, PCIE5)}
-
-
-# ------------------------------------------------------------------------------------ matmul table
-
-
-def _interp_loglog(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
-    """Piecewise-linear interpolation in (log2 x, log2 y); flat below the smallest x (latency-bound),
-    proportional to x above the largest (compute-bound)."""
-    order = np.argsort(xs)
-    xs, ys = xs[order], ys[order]
-    if x <= xs[0]:
-        return float(ys[0])
-    if x >= xs[-1]:
-        return float(ys[-1] * x / xs[-1])
-    return float(2 ** np.interp(math.log2(x), np.log2(xs), np.log2(ys)))
-
-
-@dataclass
-class MatmulTable:
-    """Measured single-GPU matmul times, looked up by shape and interpolated in M.
-
-    ``rows``: a DataFrame with columns ``m, n, k, variant ("mm" | "mm_chunked"), chunks, us`` plus
-    provenance (``device_name``, ``torch_version``, ``source``). ``chunks`` is 1 for ``mm``.
-    """
-
-    rows: pl.DataFrame
-    """The measured points (error rows already dropped)."""
-    provenance: dict[str, Any] = field(default_factory=dict)
-    """Device, torch, date and the files the rows came from."""
-
-    REQUIRED = ("m", "n", "k", "variant", "chunks", "us")
-
-    def __post_init__(self) -> None:
-        missing = [c for c in self.REQUIRED if c not in self.rows.columns]
-        if missing:
-            raise ValueError(f"matmul table lacks columns {missing}; has {self.rows.columns}")
-        sources = set(self.rows["source"].unique()) if "source" in self.rows.columns else {MEASURED}
-        if sources - {MEASURED}:
-            raise ValueError(f"a MatmulTable holds measured times only; got source values {sorted(sources)}")
-        self.rows = self.rows.filter(pl.col("us").is_not_null() & (pl.col("us") > 0))
-
-    def shapes(self) -> list[tuple[int, int]]:
-        """``(n, k)`` pairs with ``mm`` rows."""
-        mm = self.rows.filter(pl.col("variant") == "mm").select("n", "k").unique().sort("n", "k")
-        return list(mm.iter_rows())
-
-    def mm_us(self, m: int, n: int, k: int) -> float:
-        """Time of one ``[m, k] @ [k, n]`` matmul, interpolated in log-log between measured M."""
-        pts = self.rows.filter((pl.col("variant") == "mm") & (pl.col("n") == n) & (pl.col("k") == k))
-        if pts.height == 0:
-            raise KeyError(
-                f"no measured mm rows for N={n}, K={k}; measured (N, K): {self.shapes()}. Run "
-                "benchmarks/bench_matmul_h200.py for this model/tp, or use fit_roofline(table) for an estimate"
-            )
-        return _interp_loglog(m, pts["m"].to_numpy().astype(float), pts["us"].to_numpy())
-
-    def chunked_us(self, m: int, n: int, k: int, chunks: int) -> tuple[float, str]:
-        """Time of ``m`` rows split into ``chunks`` matmuls, and how it was obtained.
-
-        Uses measured ``mm_chunked`` rows of this shape and chunk count where present, otherwise
-        ``chunks * mm_us(m / chunks)`` (the kernels inside a fused op are exactly those matmuls).
-        """
-        if chunks == 1:
-            return self.mm_us(m, n, k), "mm"
-        pts = self.rows.filter(
-            (pl.col("variant") == "mm_chunked") & (pl.col("n") == n) & (pl.col("k") == k) & (pl.col("chunks") == chunks)
-        )
-        if pts.height:
-            return _interp_loglog(m, pts["m"].to_numpy().astype(float), pts["us"].to_numpy()), "measured_chunked"
-        return chunks * self.mm_us(max(1, m // chunks), n, k), "chunks_x_mm"
-
-    @classmethod
-    def from_files(cls, *paths: str | Path) -> MatmulTable:
-        """Load and concatenate shipped tables (``gemm_chunking_tp8.json`` or bench output JSON/parquet)."""
-        frames, prov = [], {"files": []}
-        for path in paths:
-            df, meta = _load_table_file(Path(path))
-            frames.append(df)
-            prov["files"].append({"path": str(path), **{k: meta.get(k) for k in ("device", "torch", "date", "dtype")}})
-        if not frames:
-            raise ValueError("MatmulTable.from_files needs at least one file")
-        rows = pl.concat(frames, how="diagonal_relaxed")
-        prov["device"] = ", ".join(sorted(set(rows["device_name"].unique())))
-        return cls(rows, prov)
-
-    @classmethod
-    def default(cls) -> MatmulTable:
-        """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, plus the
-        tp=8 chunking table (both measured on one H200)."""
-        paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
-        if not paths:
-            raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
-        return cls.from_files(*paths)
-
-
-def _load_table_file(path: Path) -> tuple[pl.DataFrame, dict]:
-    """Rows ``m, n, k, variant, chunks, us, device_name, torch_version, source`` from one shipped file."""
-    if path.suffix == ".parquet":
-        raw = pl.read_parquet(path)
-        meta = {"device": raw["device"][0], "torch": raw["torch"][0], "date": raw["date"][0], "dtype": raw["dtype"][0]}
-        records = raw.to_dicts()
-    else:
-        data = json.loads(path.read_text())
-        meta, records = data["meta"], data["rows"]
-    device, torch_version = str(meta.get("device")), str(meta.get("torch"))
-    if meta.get("source", MEASURED) != MEASURED:
-        raise ValueError(f"{path}: meta.source is {meta.get('source')!r}; a MatmulTable holds measured rows only")
-    out = []
-    for r in records:
-        if "full_us" in r:  # gemm_chunking_tp8.json layout: one row per (shape, M) with both timings
-            base = {"m": r["M"], "n": r["N"], "k": r["K"]}
-            out.append({**base, "variant": "mm", "chunks": 1, "us": r["full_us"]})
-            out.append({**base, "variant": "mm_chunked", "chunks": r["tp"], "us": r["chunked_us"]})
-        elif r.get("variant") in ("mm", "mm_chunked") and r.get("us") is not None:  # bench_matmul_h200 layout
-            # Bench rows multiply m_padded rows; that is the M the time belongs to.
-            out.append({"m": r.get("m_padded", r["m"]), "n": r["n"], "k": r["k"], "variant": r["variant"],
-                        "chunks": r.get("chunks", 1), "us": r["us"]})
-    df = pl.DataFrame(out, schema={"m": pl.Int64, "n": pl.Int64, "k": pl.Int64, "variant": pl.Utf8,
-                                   "chunks": pl.Int64, "us": pl.Float64})
-    # Duplicate (shape, M) points from several files or models average out.
-    df = df.group_by("m", "n", "k", "variant", "chunks").agg(pl.col("us").median())
-    return df.with_columns(device_name=pl.lit(device), torch_version=pl.lit(torch_version),
-                           source=pl.lit(MEASURED), file=pl.lit(path.name)), meta
-
-
-@dataclass(frozen=True)
-class RooflineMatmul:
-    """``us = floor_us + max(2mnk / peak, bytes / hbm)``: a cost model fitted to a measured table.
-
-    Used to label synthetic fixtures and to estimate shapes the table lacks; never a measurement.
-    """
-
-    floor_us: float
-    """Time of a tiny matmul (launch and tail effects), microseconds."""
-    peak_tflops: float
-    """Sustained bf16 matmul rate, TFLOP/s."""
-    hbm_gbps: float
-    """Effective memory bandwidth for the operands, GB/s."""
-
-    def mm_us(self, m: int, n: int, k: int, dtype_bytes: int = 2) -> float:
-        """Predicted time of one ``[m, k] @ [k, n]`` matmul."""
-        compute = 2.0 * m * n * k / (self.peak_tflops * 1e6)
-        memory = dtype_bytes * (m * k + k * n + m * n) / (self.hbm_gbps * 1e3)
-        return self.floor_us + max(compute, memory)
-
-    def chunked_us(self, m: int, n: int, k: int, chunks: int) -> float:
-        """``chunks`` matmuls of ``m / chunks`` rows."""
-        return chunks * self.mm_us(max(1, m // chunks), n, k)
-
-
-def fit_roofline(table: MatmulTable) -> RooflineMatmul:
-    """Fit :class:`RooflineMatmul` to the table's ``mm`` rows (least squares on log time over a grid)."""
-    mm = table.rows.filter(pl.col("variant") == "mm")
-    m, n, k, us = (mm[c].to_numpy().astype(float) for c in ("m", "n", "k", "us"))
-    best, best_err = None, math.inf
-    for floor in np.linspace(0.5 * us.min(), us.min(), 6):
-        for peak in np.linspace(500, 990, 50):
-            for hbm in np.linspace(2000, 4800, 29):
-                pred = floor + np.maximum(2 * m * n * k / (peak * 1e6), 2 * (m * k + k * n + m * n) / (hbm * 1e3))
-                err = float(np.mean(np.log(pred / us) ** 2))
-                if err < best_err:
-                    best, best_err = (floor, peak, hbm), err
-    floor, peak, hbm = best
-    return RooflineMatmul(floor_us=float(floor), peak_tflops=float(peak), hbm_gbps=float(hbm))
 
 
 # ---------------------------------------------------------------------------------- per-matmul model
@@ -371,7 +205,7 @@ def predict_sweep(
     table = matmul_table if matmul_table is not None else MatmulTable.default()
     dims = _spec_dims(spec)
     hidden = dims["hidden_size"]
-    layers = num_layers or _num_layers(spec)
+    layers = num_layers or num_layers_of(spec)
     shapes = tp_matmul_shapes(spec, tp)
     tokens = sorted(set(token_counts))
     per_mm = predict_matmul_rows(shapes, tokens, tp, table, hidden_size=hidden, comm=comm, dtype_bytes=dtype_bytes)
@@ -415,14 +249,6 @@ def predict_sweep(
         timing_method=pl.lit(SIMULATED),
         note=pl.lit("what-if model: attention excluded; fused kernels assumed to overlap perfectly"),
     )
-
-
-def _num_layers(spec: ModelDescription) -> int:
-    if isinstance(spec, str):
-        spec = load_preset(spec)
-    if isinstance(spec, Mapping):
-        return int(spec.get("num_layers") or spec.get("num_hidden_layers") or 1)
-    return int(getattr(spec, "num_layers", 1) or 1)
 
 
 def compare_to_measured(predicted: pl.DataFrame, measured: pl.DataFrame,

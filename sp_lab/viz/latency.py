@@ -32,6 +32,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from sp_lab.programs import VARIANTS
 from sp_lab.tuning.regret import REGRET_COLUMNS, regret_table
 from sp_lab.vocabulary import (
     BASELINE,
@@ -42,11 +43,11 @@ from sp_lab.vocabulary import (
     SP,
     SP_ASYNC_TP,
     TUNED,
-    VARIANTS,
 )
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
+    from sp_lab.viz.live_figure import LiveFigure
 
 SWEEP_COLUMNS = ("num_tokens", "variant", "latency_us", "p10_us", "p90_us", "fusion_fired", "fusion_missing",
                  "source", "device_name", "tp", "model", "torch_version", "boundary", "dtype")
@@ -295,29 +296,33 @@ def plot_latency(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
                  vllm_min_tokens: int | None = None, title: str | None = None, widget: bool = False) -> go.Figure:
     """Latency vs token count per variant, the config's curve, threshold markers and its regret (module doc).
 
-    ``widget=True`` returns a ``go.FigureWidget`` (needs anywidget) that
+    ``widget=True`` returns a :class:`~sp_lab.viz.live_figure.LiveFigure` (needs anywidget) that
     :func:`update_latency_figure` can refresh as rows arrive.
     """
     fig = build_latency_figure(latency_data(rows, config=config, vllm_min_tokens=vllm_min_tokens), title=title)
     if widget:
-        try:
-            import anywidget  # noqa: F401  (plotly's FigureWidget is built on it)
-        except ImportError as err:
-            raise ImportError("widget=True needs anywidget (pip install anywidget)") from err
-        return go.FigureWidget(fig)
+        from sp_lab.viz.live_figure import LiveFigure
+
+        return LiveFigure(fig)
     return fig
 
 
-def update_latency_figure(fig: go.Figure, rows: pl.DataFrame | Sequence[Mapping], **kwargs) -> go.Figure:
+def update_latency_figure(fig: go.Figure | LiveFigure, rows: pl.DataFrame | Sequence[Mapping],
+                          **kwargs) -> go.Figure | LiveFigure:
     """Refresh ``fig`` in place from all rows so far: points appear as they are measured.
 
-    Existing traces (matched by their ``meta`` key; FigureWidget rewrites ``uid``) get new data inside
+    A :class:`~sp_lab.viz.live_figure.LiveFigure` is given the fresh figure whole. In a ``go.Figure``, existing traces (matched by their ``meta`` key; FigureWidget rewrites ``uid``) get new data inside
     ``batch_update`` (one message to the browser for a ``FigureWidget``); series seen for the first time
     are appended; thresholds and titles are redrawn. ``kwargs`` are those of :func:`plot_latency`
     (except ``widget``).
     """
     title = kwargs.pop("title", None)
     fresh = build_latency_figure(latency_data(rows, **kwargs), title=title)
+    from sp_lab.viz.live_figure import LiveFigure
+
+    if isinstance(fig, LiveFigure):
+        fig.show(fresh)
+        return fig
     by_key = {t.meta: t for t in fig.data if isinstance(t.meta, str)}
     new = []
     with fig.batch_update():

@@ -80,35 +80,77 @@ class _Texts:
 
 
 def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = False) -> go.Figure:
-    """Horizontal lane of piece boxes with boundary labels between them (see the module docstring)."""
-    lane = data.lane(expand)
-    erased_at: dict[int, int] = defaultdict(int)
-    for e in data.erased:
-        erased_at[e.piece] += 1
-    failing_pieces = {f.piece for f in data.failures}
-    boxes: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
-    labels, fails, unsafe = _Texts(), _Texts(), _Texts()
-    tensors = {"full": _Texts(), "sharded": _Texts(), "bytes": _Texts()}
-    links_x: list = []
-    links_y: list = []
-    deepest = 0.0
+    """Horizontal lane of piece boxes with boundary labels between them (see the module docstring).
 
-    def put_tensors(x: float, boundary: BoundaryLabel, y0: float, prefix: str = "") -> float:
+    Three steps: lay the lane out left to right (:class:`_LaneDrawing`), turn what was laid out into traces,
+    then title and size the figure.
+    """
+    drawing = _LaneDrawing(data)
+    lane = data.lane(expand)
+    for k, item in enumerate(lane):
+        if isinstance(item, PieceGroup):
+            drawing.add_group(item)
+        else:
+            drawing.add_piece(item)
+        if k < len(lane) - 1:
+            drawing.add_gap_after(item)
+    if not data.pieces and data.failures:
+        drawing.add_failed_compile()
+    fig = go.Figure(drawing.traces())
+    fig.update_layout(
+        # Long (expanded) lanes open at a readable zoom on their left end; pan to see the rest.
+        title={"text": _title(data), "font": {"size": 14}}, height=340 + int(-drawing.deepest / _LINE_H) * 16,
+        width=min(max(900, int(drawing.x * _PX_PER_UNIT)), _MAX_WIDTH_PX),
+        xaxis={"visible": False, "range": [-0.3, min(drawing.x + 0.5, _MAX_WIDTH_PX / _PX_PER_UNIT)]},
+        yaxis={"visible": False, "range": [drawing.deepest - 0.2, 1.6]},
+        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 20},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
+    )
+    return fig
+
+
+class _LaneDrawing:
+    """The lane as it is laid out: box outlines per style, text points per kind, the x reached, the lowest label."""
+
+    def __init__(self, data: OverviewData) -> None:
+        self.data = data
+        self.erased_at: dict[int, int] = defaultdict(int)
+        for e in data.erased:
+            self.erased_at[e.piece] += 1
+        self.failing_pieces = {f.piece for f in data.failures}
+        self.boxes: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
+        self.labels, self.fails, self.unsafe = _Texts(), _Texts(), _Texts()
+        self.tensors = {"full": _Texts(), "sharded": _Texts(), "bytes": _Texts()}
+        self.links_x: list = []
+        self.links_y: list = []
+        self.deepest = 0.0
+        self.x = 0.0
+
+    def _box(self, style: str, x0: float, x1: float, y0: float = 0.0, y1: float = 1.0) -> None:
+        bx, by = _rect(x0, x1, y0, y1)
+        self.boxes[style][0].extend(bx)
+        self.boxes[style][1].extend(by)
+
+    def _link(self, x0: float, x1: float) -> None:
+        self.links_x += [x0, x1, None]
+        self.links_y += [0.5, 0.5, None]
+
+    def put_tensors(self, x: float, boundary: BoundaryLabel, y0: float, prefix: str = "") -> float:
+        """Write what crosses ``boundary`` from ``y0`` down at ``x``; returns the y below the last line."""
         y = y0
         # The compiler records hand-overs compiled -> compiled across the eager op between them; say so only
         # when a hand-over skips more than that one op.
         route = (f"<i>piece {boundary.after_piece} → piece {boundary.before_piece}</i> · "
                  if boundary.before_piece > boundary.after_piece + 2 else "")
-        tensors["bytes"].add(x, y, f"{prefix}{route}<b>{boundary.text}</b>",
-                             f"boundary {boundary.index}: piece {boundary.after_piece} → {boundary.before_piece}<br>"
-                             + "<br>".join(f"{t.name}: {t.bytes_per_token_after or 0:g} B/tok "
-                                           f"({'sharded' if t.sharded_after else 'full'})" for t in boundary.tensors))
+        where = f"boundary {boundary.index}: piece {boundary.after_piece} → {boundary.before_piece}"
+        self.tensors["bytes"].add(x, y, f"{prefix}{route}<b>{boundary.text}</b>", f"{where}<br>" + "<br>".join(
+            f"{t.name}: {t.bytes_per_token_after or 0:g} bytes/token ({'sharded' if t.sharded_after else 'full'})"
+            for t in boundary.tensors))
         y -= _LINE_H
         for i, t in enumerate(boundary.tensors):
-            tensors["sharded" if t.sharded_after else "full"].add(
+            self.tensors["sharded" if t.sharded_after else "full"].add(
                 x, y, prefix + crossing_text(t),
-                f"boundary {boundary.index}: piece {boundary.after_piece} → {boundary.before_piece}<br>"
-                f"<b>{t.name}</b> {t.dtype}{'<br>made in ' + t.module if t.module else ''}"
+                f"{where}<br><b>{t.name}</b> {t.dtype}{'<br>made in ' + t.module if t.module else ''}"
                 f"{'<br>' + t.source if t.source else ''}<br>before passes "
                 f"{format_shape(t.shape_before)}{' sharded' if t.sharded_before else ''}<br>after passes "
                 f"{format_shape(t.shape_after)}{' sharded' if t.sharded_after else ''}<br>"
@@ -116,109 +158,109 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
                 key=f"tensor:{boundary.index}:{i}")
             y -= _LINE_H
         for f in boundary.failures:
-            fails.add(x, y, f"<b>{f.text}</b>", f"{f.check} on {f.tensor}<br>{f.message}")
+            self.fails.add(x, y, f"<b>{f.text}</b>", f"{f.check} on {f.tensor}<br>{f.message}")
             y -= 3 * _LINE_H  # the failure label has three lines (check, expected, got)
+        self.deepest = min(self.deepest, y)
         return y
 
-    x = 0.0
-    for k, item in enumerate(lane):
-        if isinstance(item, PieceGroup):
-            w, style = _GROUP_W, "group"
-            # A stacked look says "many of these" without drawing them all.
-            for off in (0.16, 0.08):
-                bx, by = _rect(x + off, x + w + off, off, 1 + off)
-                boxes["group_shadow"][0].extend(bx)
-                boxes["group_shadow"][1].extend(by)
-            block = [data.piece(i) for i in item.block]
-            kinds = " + ".join(p.op.split("::")[-1] if p.op else "compiled" for p in block)
-            ops = "<br>".join(p.ops_text for p in block if p.ops_text)
-            labels.add(x + w / 2, 0.5, f"<b>{item.label}</b><br>{kinds}<br>{ops}<br>[{item.id}]",
-                       f"<b>{item.label}</b> ({item.id}): {item.repeats} identical blocks of {item.period} pieces"
-                       "<br>" + "<br>".join(_piece_hover(p) for p in block), key=f"group:{item.id}")
-            y = -0.3
-            for p in block:  # with two or more repeats every boundary of the block is also inside the group
-                inner = data.boundary_after(p.index)
-                if inner is not None:
-                    y = put_tensors(x + w / 2, inner, y, prefix="↳ ")
-            deepest = min(deepest, y)
-            n_erased = sum(erased_at[i] for i in item.pieces)
-            if n_erased:
-                unsafe.add(x + w / 2, 1.35, f"⚠ unsafe: copy_ erased x{n_erased}",
-                           "gather_erase dropped these residual writes; later pieces read stale data")
-            bad = failing_pieces.intersection(item.pieces)
-        else:
-            w = _PIECE_W if item.kind == "compiled" else _SPLIT_W
-            style = item.kind if item.kind in _BOX_FILL else "compiled"
-            labels.add(x + w / 2, 0.5, _piece_label(item), _piece_hover(item), key=f"piece:{item.index}")
-            if erased_at[item.index]:
-                unsafe.add(x + w / 2, 1.35, "⚠ unsafe: copy_ erased", "<br>".join(
-                    f"copy_ into {e.target} {format_shape(e.dst_shape)} from {format_shape(e.src_shape)} erased"
-                    for e in data.erased if e.piece == item.index))
-            bad = {item.index} & failing_pieces
-            # The compiler records the hand-over compiled -> compiled across the eager op between them: what
-            # crosses is written under that op.
-            crossing = data.boundary_after(item.index - 1) if item.kind == "splitting_op" else None
-            if crossing is not None and crossing.before_piece > item.index:
-                deepest = min(deepest, put_tensors(x + w / 2, crossing, -0.3))
+    def add_group(self, group: PieceGroup) -> None:
+        """Identical layers collapsed into one stacked box, with every boundary inside the block written under it."""
+        x, w, data = self.x, _GROUP_W, self.data
+        for off in (0.16, 0.08):  # a stacked look says "many of these" without drawing them all
+            self._box("group_shadow", x + off, x + w + off, off, 1 + off)
+        block = [data.piece(i) for i in group.block]
+        kinds = " + ".join(p.op.split("::")[-1] if p.op else "compiled" for p in block)
+        ops = "<br>".join(p.ops_text for p in block if p.ops_text)
+        self.labels.add(x + w / 2, 0.5, f"<b>{group.label}</b><br>{kinds}<br>{ops}<br>[{group.id}]",
+                        f"<b>{group.label}</b> ({group.id}): {group.repeats} identical blocks of {group.period} "
+                        "pieces<br>" + "<br>".join(_piece_hover(p) for p in block), key=f"group:{group.id}")
+        y = -0.3
+        for p in block:  # with two or more repeats every boundary of the block is also inside the group
+            inner = data.boundary_after(p.index)
+            if inner is not None:
+                y = self.put_tensors(x + w / 2, inner, y, prefix="↳ ")
+        n_erased = sum(self.erased_at[i] for i in group.pieces)
+        if n_erased:
+            self.unsafe.add(x + w / 2, 1.35, f"⚠ unsafe: copy_ erased x{n_erased}",
+                            "gather_erase dropped these residual writes; later pieces read stale data")
+        self._box("failed" if self.failing_pieces.intersection(group.pieces) else "group", x, x + w)
+        self.x += w
+
+    def add_piece(self, piece: PieceBox) -> None:
+        """One compiled piece or eager splitting op; under an eager op, what the pieces around it hand over."""
+        x, data = self.x, self.data
+        w = _PIECE_W if piece.kind == "compiled" else _SPLIT_W
+        style = piece.kind if piece.kind in _BOX_FILL else "compiled"
+        self.labels.add(x + w / 2, 0.5, _piece_label(piece), _piece_hover(piece), key=f"piece:{piece.index}")
+        if self.erased_at[piece.index]:
+            self.unsafe.add(x + w / 2, 1.35, "⚠ unsafe: copy_ erased", "<br>".join(
+                f"copy_ into {e.target} {format_shape(e.dst_shape)} from {format_shape(e.src_shape)} erased"
+                for e in data.erased if e.piece == piece.index))
+        # The compiler records the hand-over compiled -> compiled across the eager op between them: what
+        # crosses is written under that op.
+        crossing = data.boundary_after(piece.index - 1) if piece.kind == "splitting_op" else None
+        if crossing is not None and crossing.before_piece > piece.index:
+            self.put_tensors(x + w / 2, crossing, -0.3)
         # A splitting op's column is wide for the tensor labels under it; its box stays narrow.
         inset = (w - _SPLIT_BOX_W) / 2 if style == "splitting_op" else 0.0
         if inset:
-            links_x += [x, x + inset, None, x + w - inset, x + w, None]
-            links_y += [0.5, 0.5, None, 0.5, 0.5, None]
-        bx, by = _rect(x + inset, x + w - inset, 0.0, 1.0)
-        target = boxes["failed" if bad else style]
-        target[0].extend(bx)
-        target[1].extend(by)
-        x += w
-        if k < len(lane) - 1:
-            # Compiled pieces handing over directly (no eager op between) get a wide gap for the labels.
-            direct = (data.boundary_after(item.index) if isinstance(item, PieceBox) and item.kind == "compiled"
-                      else None)
-            gap = _GAP_W if direct is not None and direct.before_piece == item.index + 1 else _LINK_W
-            links_x += [x, x + gap, None]
-            links_y += [0.5, 0.5, None]
-            if gap == _GAP_W:
-                deepest = min(deepest, put_tensors(x + gap / 2, direct, -0.3))
-            x += gap
+            self._link(x, x + inset)
+            self._link(x + w - inset, x + w)
+        self._box("failed" if piece.index in self.failing_pieces else style, x + inset, x + w - inset)
+        self.x += w
 
-    if not data.pieces and data.failures:
-        # A compile that failed leaves no pieces: draw the failures themselves, in red, where the lane would be.
+    def add_gap_after(self, item: PieceBox | PieceGroup) -> None:
+        """The link to the next item: wide, with the crossing tensors, where two compiled pieces hand over directly."""
+        direct = (self.data.boundary_after(item.index) if isinstance(item, PieceBox) and item.kind == "compiled"
+                  else None)
+        gap = _GAP_W if direct is not None and direct.before_piece == item.index + 1 else _LINK_W
+        self._link(self.x, self.x + gap)
+        if gap == _GAP_W:
+            self.put_tensors(self.x + gap / 2, direct, -0.3)
+        self.x += gap
+
+    def add_failed_compile(self) -> None:
+        """A compile that failed leaves no pieces: its failures in red, where the lane would be."""
         w = _GROUP_W * 1.5
-        bx, by = _rect(0.0, w, 0.0, 1.0)
-        boxes["failed"][0].extend(bx)
-        boxes["failed"][1].extend(by)
-        labels.add(w / 2, 0.5, "<b>compile failed</b><br>no pieces were built", "the range did not compile")
+        self._box("failed", 0.0, w)
+        self.labels.add(w / 2, 0.5, "<b>compile failed</b><br>no pieces were built", "the range did not compile")
         y = -0.3
-        for f in data.failures:
-            fails.add(w / 2, y, f"<b>{f.text}</b><br>on {f.tensor}", f"{f.check} on {f.tensor}<br>{f.message}")
+        for f in self.data.failures:
+            self.fails.add(w / 2, y, f"<b>{f.text}</b><br>on {f.tensor}", f"{f.check} on {f.tensor}<br>{f.message}")
             y -= 4 * _LINE_H
-        deepest, x = y, w
+        self.deepest, self.x = y, w
 
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=links_x, y=links_y, mode="lines", line={"color": "#999", "width": 1.5},
-                             hoverinfo="skip", showlegend=False))
-    box_style = {"group_shadow": ("#f4f7ef", "#9fb98b", None),
-                 "compiled": (_BOX_FILL["compiled"], _BOX_LINE["compiled"], "compiled piece"),
-                 "splitting_op": (_BOX_FILL["splitting_op"], _BOX_LINE["splitting_op"], "splitting op (eager)"),
-                 "group": (_BOX_FILL["group"], _BOX_LINE["group"], "identical layers (collapsed)"),
-                 "failed": ("#f9d6d5", FAILURE_COLOR, "failed check")}
-    for key, (fill, line, name) in box_style.items():
-        if key in boxes:
-            fig.add_trace(go.Scatter(x=boxes[key][0], y=boxes[key][1], fill="toself", fillcolor=fill, mode="lines",
-                                     line={"color": line, "width": 3 if key == "failed" else 1.5}, name=name,
-                                     showlegend=name is not None, hoverinfo="skip"))
-    fig.add_trace(labels.trace(textfont={"size": 10}, showlegend=False, name="pieces", meta="pieces"))
-    fig.add_trace(tensors["bytes"].trace(textfont={"color": FULL_COLOR, "size": 10}, showlegend=False,
-                                         name="bytes per token", meta="bytes"))
-    for key, color, name in (("full", FULL_COLOR, "full tensor"), ("sharded", SHARDED_COLOR, "sharded tensor")):
-        fig.add_trace(tensors[key].trace(textfont={"color": color, "size": 10}, name=name,
-                                         showlegend=bool(tensors[key].x), meta="tensors"))
-    if fails.x:
-        fig.add_trace(fails.trace(name="failed check", textposition="bottom center", showlegend=False,
-                                  textfont={"color": FAILURE_COLOR, "size": 10}, meta="failures"))
-    if unsafe.x:
-        fig.add_trace(unsafe.trace(name="unsafe: copy_ erased", textfont={"color": UNSAFE_COLOR, "size": 11},
-                                   meta="unsafe"))
+    def traces(self) -> list[go.Scatter]:
+        """Links, boxes by style (with their legend entries), then the text layers the explorer clicks on."""
+        out = [go.Scatter(x=self.links_x, y=self.links_y, mode="lines", line={"color": "#999", "width": 1.5},
+                          hoverinfo="skip", showlegend=False)]
+        box_style = {"group_shadow": ("#f4f7ef", "#9fb98b", None),
+                     "compiled": (_BOX_FILL["compiled"], _BOX_LINE["compiled"], "compiled piece"),
+                     "splitting_op": (_BOX_FILL["splitting_op"], _BOX_LINE["splitting_op"], "splitting op (eager)"),
+                     "group": (_BOX_FILL["group"], _BOX_LINE["group"], "identical layers (collapsed)"),
+                     "failed": ("#f9d6d5", FAILURE_COLOR, "failed check")}
+        for key, (fill, line, name) in box_style.items():
+            if key in self.boxes:
+                out.append(go.Scatter(x=self.boxes[key][0], y=self.boxes[key][1], fill="toself", fillcolor=fill,
+                                      mode="lines", line={"color": line, "width": 3 if key == "failed" else 1.5},
+                                      name=name, showlegend=name is not None, hoverinfo="skip"))
+        out.append(self.labels.trace(textfont={"size": 10}, showlegend=False, name="pieces", meta="pieces"))
+        out.append(self.tensors["bytes"].trace(textfont={"color": FULL_COLOR, "size": 10}, showlegend=False,
+                                               name="bytes per token", meta="bytes"))
+        for key, color, name in (("full", FULL_COLOR, "full tensor"), ("sharded", SHARDED_COLOR, "sharded tensor")):
+            out.append(self.tensors[key].trace(textfont={"color": color, "size": 10}, name=name,
+                                               showlegend=bool(self.tensors[key].x), meta="tensors"))
+        if self.fails.x:
+            out.append(self.fails.trace(name="failed check", textposition="bottom center", showlegend=False,
+                                        textfont={"color": FAILURE_COLOR, "size": 10}, meta="failures"))
+        if self.unsafe.x:
+            out.append(self.unsafe.trace(name="unsafe: copy_ erased", textfont={"color": UNSAFE_COLOR, "size": 11},
+                                         meta="unsafe"))
+        return out
+
+
+def _title(data: OverviewData) -> str:
+    """Model, tp and range, then what went wrong in it (unsafe, failed checks, not compiled)."""
     title = f"{data.model} tp{data.tp_size} · {range_title(data.range)}"
     if data.range.numerically_unsafe:
         title += f" · <span style='color:{UNSAFE_COLOR}'>NUMERICALLY UNSAFE</span>"
@@ -230,14 +272,4 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
         title += f" · <span style='color:{FAILURE_COLOR}'>compile failed</span>"
     if data.synthetic:
         title += " · (synthetic report)"
-    height = 340 + int(-deepest / _LINE_H) * 16
-    fig.update_layout(
-        # Long (expanded) lanes open at a readable zoom on their left end; pan to see the rest.
-        title={"text": title, "font": {"size": 14}}, height=height,
-        width=min(max(900, int(x * _PX_PER_UNIT)), _MAX_WIDTH_PX),
-        xaxis={"visible": False, "range": [-0.3, min(x + 0.5, _MAX_WIDTH_PX / _PX_PER_UNIT)]},
-        yaxis={"visible": False, "range": [deepest - 0.2, 1.6]},
-        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 20},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
-    )
-    return fig
+    return title

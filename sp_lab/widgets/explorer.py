@@ -1,7 +1,8 @@
 """A notebook front end for the split-graph explorer: click a piece to open it, click a tensor to follow it.
 
-The overview and the drill-down are plotly ``FigureWidget``s (anywidget under plotly 6): clicking a piece (or a
-collapsed group) in the overview opens its drill-down below; clicking a tensor under a boundary lists its
+The overview and the drill-down are :class:`~sp_lab.viz.live_figure.LiveFigure`s (drawn by every view, whenever
+it is created, and redrawn in place): clicking a piece (or a collapsed group) in the overview opens its drill-down
+below; clicking a tensor under a boundary lists its
 producers and consumers in both pieces. Controls: the compile range, one toggle per collapsed group, the piece,
 the drill-down mode (after / before / diff) and a search box (op or module name). The widget holds no logic of its
 own beyond wiring these to the data and figure functions of ``sp_lab.viz``.
@@ -13,11 +14,12 @@ own beyond wiring these to the data and figure functions of ``sp_lab.viz``.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from sp_lab.viz.live_figure import ClickedPoint, LiveFigure
 from sp_lab.viz.overview import OverviewData, overview_data
 from sp_lab.viz.overview_figure import build_overview_figure
 from sp_lab.viz.piece_diff import piece_diff_data
@@ -34,15 +36,17 @@ __all__ = ["GraphExplorer", "explore"]
 class GraphExplorer(widgets.VBox):
     """Range selector, group toggles, the clickable overview, drill-down controls and figure, tensor links.
 
-    The current figures stay reachable as ``overview_figure`` and ``piece_figure`` (``go.FigureWidget``), and the
-    last tensor clicked as ``links``; :meth:`select` does what a click does (tests and scripts use it).
+    The figures shown stay reachable as ``overview_figure`` and ``piece_figure`` (``go.Figure``; the widgets
+    drawing them are ``overview_view`` and ``piece_view``), and the last tensor clicked as ``links``;
+    :meth:`select` does what a click does.
     """
 
     def __init__(self, report: ReportSource, range_index: int | None = None) -> None:
         self.report = as_report(report)
         self.data: OverviewData = overview_data(self.report, range_index)
-        self.overview_figure: go.FigureWidget | None = None
-        self.piece_figure: go.FigureWidget | None = None
+        self.overview_view, self.piece_view = LiveFigure(), LiveFigure()
+        self.overview_view.on_click(self._on_click)
+        self.piece_figure: go.Figure | None = None
         self.links: TensorLinks | None = None
         self.range_select = widgets.Dropdown(
             options=[(f"{i}: {range_label(r)} ({r.boundary}, SP {'on' if r.enable_sp else 'off'})", i)
@@ -56,7 +60,7 @@ class GraphExplorer(widgets.VBox):
         self.search = widgets.Text(placeholder="op or module, e.g. mm+RS or mlp", description="search",
                                    continuous_update=False)
         self.links_view = widgets.HTML()
-        self._overview_box = widgets.Box()
+        self._overview_box = widgets.Box([self.overview_view])
         self._piece_box = widgets.Box()
         self.range_select.observe(self._on_range, names="value")
         for control in (self.piece_select, self.mode_select, self.search):
@@ -112,12 +116,7 @@ class GraphExplorer(widgets.VBox):
         self._draw_piece()
 
     def _draw_overview(self) -> None:
-        fig = go.FigureWidget(build_overview_figure(self.data, expand=self.expanded))
-        for trace in fig.data:
-            if trace.meta in ("pieces", "tensors"):
-                trace.on_click(self._on_click)
-        self.overview_figure = fig
-        self._overview_box.children = [fig]
+        self.overview_view.show(build_overview_figure(self.data, expand=self.expanded))
 
     def _draw_piece(self) -> None:
         if self.piece_select.value is None:
@@ -125,14 +124,18 @@ class GraphExplorer(widgets.VBox):
             self._piece_box.children = [widgets.HTML("<i>no compiled piece in this range</i>")]
             return
         data = piece_diff_data(self.report, self.data.range_index, self.piece_select.value)
-        self.piece_figure = go.FigureWidget(build_piece_figure(data, self.mode_select.value, search=self.search.value))
-        self._piece_box.children = [self.piece_figure]
+        self.piece_figure = build_piece_figure(data, self.mode_select.value, search=self.search.value)
+        self.piece_view.show(self.piece_figure)
+        self._piece_box.children = [self.piece_view]
 
-    def _on_click(self, trace: Any, points: Any, _state: Any) -> None:
-        for i in points.point_inds:
-            key = trace.customdata[i]
-            if key:
-                self.select(str(key))
+    @property
+    def overview_figure(self) -> go.Figure:
+        """The overview shown now."""
+        return self.overview_view.current
+
+    def _on_click(self, point: ClickedPoint) -> None:
+        if point.meta in ("pieces", "tensors") and point.customdata:
+            self.select(str(point.customdata))
 
     def _on_range(self, change: dict) -> None:
         self._load_range(change["new"])

@@ -8,15 +8,17 @@ Two layers, so that everything but the drawing is testable without a browser:
   the one regret), the recommendation with its confidence (:func:`sp_lab.tuning.policy.recommend`),
   vLLM's reference threshold, the tuned :class:`~sp_lab.config.LabConfig` and its export
   (:func:`sp_lab.tuning.export.export_config`). It owns no latency logic of its own.
-- :class:`Tuner` is the ipywidgets view: controls, a plotly ``FigureWidget`` refreshed with
-  :func:`sp_lab.viz.latency.update_latency_figure` as each row arrives, the policy and threshold
-  controls, the regret table and an Export button.
+- :class:`Tuner` is the ipywidgets view: controls, the latency figure redrawn (a
+  :class:`~sp_lab.viz.live_figure.LiveFigure`, which every view draws whatever its timing) as each row
+  arrives, the policy and threshold controls, the regret table and an Export button.
 
 Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
 recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data
-(``source="simulated"``, labelled so everywhere).
+(``source="simulated"``, labelled so everywhere). Separately, :meth:`Tuner.overlay_prediction` draws the
+performance model's curves for a chosen preset and GPU beside the rows (dashed, "predicted" legend group),
+never mixed into the rows, the regret or the recommendation.
 
     import sp_lab
     tuner = sp_lab.tune("toy", tp=2, token_counts=[3, 16, 64])
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from sp_lab.programs import REFERENCE_VARIANTS
 from sp_lab.tuning.export import data_hash, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
 from sp_lab.tuning.regret import regret_table
@@ -43,7 +46,6 @@ from sp_lab.vocabulary import (
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    REFERENCE_VARIANTS,
     SIMULATED,
     SP,
     SP_ASYNC_TP,
@@ -51,6 +53,8 @@ from sp_lab.vocabulary import (
 )
 
 if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
     from sp_lab.bench.sweep import SweepResult
     from sp_lab.config import LabConfig
 
@@ -113,6 +117,8 @@ class TunerState:
     """A live sweep is in progress."""
     done: int = 0
     """Points measured by the current live sweep."""
+    predicted: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
+    """Predicted curves drawn beside the rows (``source="predicted"``); never in the regret or recommendation."""
 
     def __post_init__(self) -> None:
         if self.config is None:
@@ -179,6 +185,18 @@ class TunerState:
         self.set_rows(rows)
         self.use_recommended()
         return f"replayed {what}; source={self.source!r}"
+
+    def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> str:
+        """Draw the performance model's curves for ``model`` on ``tp`` x ``gpu`` beside the rows (``None``-like
+        ``model=""`` clears them). They stay in :attr:`predicted`, apart from :attr:`rows`."""
+        if not model:
+            self.predicted = pl.DataFrame()
+            return "predicted overlay cleared"
+        from sp_lab.tuning.predict.advice import predict
+
+        p = predict(model, tp, gpu, tokens=sorted(set(self.token_counts) | {1024, 4096, 16384}))
+        self.predicted = p.rows
+        return f"predicted overlay: {model}, {tp}x {p.target.gpu.label} (crossover {p.async_tp.describe()})"
 
     # ------------------------------------------------------------------ live sweep
     def run_sweep(self, on_row: Callable[[Mapping[str, Any]], None] | None = None, *,
@@ -297,7 +315,8 @@ class TunerState:
 class Tuner:
     """The widget: setup controls, live latency plot with progress, policy and threshold, regret, Export.
 
-    ``state`` (:class:`TunerState`) holds the data; ``figure`` is the plotly ``FigureWidget``.
+    ``state`` (:class:`TunerState`) holds the data; ``plot`` is the live figure widget and ``figure`` the
+    ``go.Figure`` it shows now.
     Display it as the last expression of a cell (or ``display(tuner)``).
     """
 
@@ -305,7 +324,7 @@ class Tuner:
         import ipywidgets as w
 
         from sp_lab.models.registry import available
-        from sp_lab.viz.latency import plot_latency
+        from sp_lab.viz.live_figure import LiveFigure
 
         self.state = state
         self._thread: threading.Thread | None = None
@@ -326,8 +345,7 @@ class Tuner:
         self.export_button = w.Button(description="Export config", icon="download")
         self.status = w.HTML()
         self.regret_html = w.HTML()
-        self.figure = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
-                                   widget=True, title=self._title())
+        self.plot = LiveFigure()
         self.run_button.on_click(lambda _b: self.start_sweep())
         self.replay_button.on_click(lambda _b: self.replay())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
@@ -338,8 +356,13 @@ class Tuner:
                         w.VBox([self.run_button, self.replay_button, self.progress])])
         tuning = w.HBox([self.shape, self.slider, self.recommend_button])
         export = w.HBox([self.export_dir, self.export_button])
-        self.widget = w.VBox([setup, self.figure, tuning, self.regret_html, export, self.status])
+        self.widget = w.VBox([setup, self.plot, tuning, self.regret_html, export, self.status])
         self.redraw()
+
+    @property
+    def figure(self) -> go.Figure:
+        """The latency figure shown now (what every view of :attr:`plot` draws)."""
+        return self.plot.current
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -415,6 +438,14 @@ class Tuner:
         self.redraw()
         self._say(message)
 
+    def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> None:
+        """Overlay predicted curves for ``model`` on ``tp`` x ``gpu`` (``model=""`` clears them) and redraw."""
+        try:
+            self._say(self.state.overlay_prediction(model, gpu, tp))
+        except ValueError as e:
+            self._say(str(e), error=True)
+        self.redraw()
+
     def set_threshold(self, value: int | str | None) -> None:
         """Move the threshold (the slider calls this; ``"never"`` or ``None``): redraw curve and regret."""
         self.state.threshold = None if value in (None, NEVER) else int(value)
@@ -461,16 +492,21 @@ class Tuner:
 
     def redraw(self) -> None:
         """Refresh plot, progress, recommendation and regret table from :attr:`state`."""
-        from sp_lab.viz.latency import update_latency_figure
+        from sp_lab.viz.latency import plot_latency
 
         state = self.state
         rec = state.recommendation()
-        update_latency_figure(self.figure, state.snapshot(), config=state.tuned_config(),
-                              vllm_min_tokens=self._vllm(), title=self._title())
+        fig = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
+                           title=self._title())
         if rec is not None and rec.policy != state.policy():
             for t in rec.policy.thresholds:
-                self.figure.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
+                fig.add_shape(type="line", x0=t, x1=t, y0=0, y1=1, xref="x", yref="y domain",
                                       name="recommended", line={"color": "#2ca02c", "dash": "dashdot", "width": 1.5})
+        if state.predicted.height:  # drawn apart (dashed, own legend group), not part of the regret above
+            from sp_lab.viz.predicted import add_predicted_curves
+
+            add_predicted_curves(fig, state.predicted)
+        self.plot.show(fig)
         self.progress.value = min(state.done, self.progress.max)
         self.progress.description = f"{state.done} / {state.total}" if state.running or state.done else ""
         self.regret_html.value = self._regret_html(rec)

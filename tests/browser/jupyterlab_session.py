@@ -7,6 +7,7 @@ downloaded: Playwright drives the system's Chromium.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -86,6 +87,10 @@ def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, s
     settings = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text('{"windowingMode": "none"}')
+    # no "receive official Jupyter news?" toast over the widgets (and their screenshots)
+    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')
     log_path = tmp_path / "jupyterlab.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -108,13 +113,89 @@ def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, s
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_all_cells(page) -> None:
+# Every drawn plotly plot on the page (LiveFigure views and any other plotly div): the SVG plotly.js really drew,
+# not the data it was given. A blank plot (empty axes) has no trace groups and no path with a non-empty "d".
+DRAWN_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+    live: !!el.closest('.sp-lab-live-figure') || el.classList.contains('sp-lab-live-figure'),
+    traces: el.querySelectorAll('.scatterlayer .trace').length,
+    paths: Array.from(el.querySelectorAll('.scatterlayer .trace path'))
+        .filter(p => (p.getAttribute('d') || '').length > 2).length,
+    points: el.querySelectorAll('.scatterlayer .trace .point, .scatterlayer .trace .textpoint').length,
+    title: String(((el.layout || {}).title || {}).text || '')}))"""
+
+DIALOG_JS = """() => Array.from(document.querySelectorAll('.jp-Dialog')).map(d =>
+    (d.querySelector('.jp-Dialog-header')?.textContent || '') + ': ' +
+    (d.querySelector('.jp-Dialog-body')?.textContent || '').trim().slice(0, 500))"""
+
+
+class Dialogs:
+    """JupyterLab's modal dialogs (``jp-Dialog``) met on the way: each one's text, and how it was answered.
+
+    A dialog over the notebook intercepts every click; :meth:`dismiss` answers it with its reject button
+    (or Escape) and records the text, so a failure report can say which dialog it was.
+    """
+
+    def __init__(self, page) -> None:
+        self.page = page
+        self.seen: list[str] = []
+
+    def dismiss(self) -> None:
+        """Close every open dialog (reject button, else Escape), recording its text."""
+        for _ in range(5):
+            texts = self.page.evaluate(DIALOG_JS)
+            if not texts:
+                return
+            self.seen.extend(texts)
+            reject = self.page.locator(".jp-Dialog .jp-mod-reject")
+            if reject.count():
+                reject.first.click()
+            else:
+                self.page.keyboard.press("Escape")
+            time.sleep(0.3)
+
+    def accept(self, timeout_s: float = 20.0) -> None:
+        """Wait for a dialog and press its accept button (e.g. "Restart" after Kernel > Restart)."""
+        self.page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=timeout_s * 1000)
+        self.seen.extend(self.page.evaluate(DIALOG_JS))
+        self.page.locator(".jp-Dialog .jp-mod-accept").first.click()
+
+
+@contextmanager
+def failure_record(page, name: str, log_path: Path, dialogs: Dialogs) -> Iterator[None]:
+    """On any failure inside: a full-page screenshot and the page's text state under ``artifacts/``, and the
+    error re-raised with the dialogs seen (and any still open), the browser console's errors and the server log."""
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    try:
+        yield
+    except Exception as failure:
+        artifacts = ROOT / "artifacts"
+        artifacts.mkdir(exist_ok=True)
+        shot = artifacts / f"{name}_failure.png"
+        try:
+            open_dialogs = page.evaluate(DIALOG_JS)
+            page.screenshot(path=str(shot), full_page=True)
+            drawn = page.evaluate(DRAWN_JS)
+        except Exception as e:  # noqa: BLE001 - the page itself may be gone; report the original failure
+            open_dialogs, drawn = [f"(page unreadable: {e})"], []
+        (artifacts / f"{name}_failure.json").write_text(json.dumps(
+            {"dialogs_open": open_dialogs, "dialogs_seen": dialogs.seen, "plots": drawn, "console_errors": errors},
+            indent=1))
+        log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "(no log)"
+        raise AssertionError(
+            f"{failure}\n(screenshot {shot}; dialogs open: {open_dialogs}; dialogs dismissed: {dialogs.seen}; "
+            f"console errors: {errors[-10:]}; plots drawn: {drawn}\nJupyterLab log tail:\n{log})") from failure
+
+
+def run_all_cells(page, dialogs: Dialogs | None = None) -> None:
     """Wait for the notebook and its kernel, then Run > Run All Cells; retried once if no cell starts (a click
-    that lands before the kernel is connected is dropped)."""
+    that lands before the kernel is connected is dropped). Dialogs in the way are dismissed and recorded."""
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
                            "#jp-main-statusbar :text('Idle')", timeout=90_000)
+    dialogs = dialogs or Dialogs(page)
     for _attempt in range(2):
+        dialogs.dismiss()  # a dialog (e.g. a kernel or build prompt) would intercept the menu click
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:

@@ -27,6 +27,9 @@ from jupyterlab_session import (
     BUSY_JS,
     CHROMIUM,
     CHROMIUM_FLAGS,
+    DRAWN_JS,
+    Dialogs,
+    failure_record,
     missing,
     require_browser,
     run_all_cells,
@@ -60,56 +63,60 @@ EXPLORER_READY_JS = """() => { const outs = document.querySelectorAll('.jp-Cell:
     return Array.from(outs).some(o => o.querySelectorAll('.js-plotly-plot').length >= 2); }"""
 
 
-def test_clicking_a_piece_opens_its_drilldown(lab):
+def test_clicking_a_piece_opens_its_drilldown(lab, tmp_path):
     base, token, name = lab
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 2400})  # the drill-down fits
-            page.goto(f"{base}/lab/tree/{name}?token={token}")
-            run_all_cells(page)
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while time.monotonic() < deadline and (page.evaluate(BUSY_JS) or not page.evaluate(EXPLORER_READY_JS)):
-                time.sleep(2)
-            assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
-            assert page.evaluate(EXPLORER_READY_JS), "the explorer widget did not render its two figures"
+            dialogs = Dialogs(page)
+            with failure_record(page, "explorer", tmp_path / "jupyterlab.log", dialogs):
+                page.goto(f"{base}/lab/tree/{name}?token={token}")
+                run_all_cells(page, dialogs)
+                deadline = time.monotonic() + RUN_TIMEOUT_S
+                while time.monotonic() < deadline and (page.evaluate(BUSY_JS) or not page.evaluate(EXPLORER_READY_JS)):
+                    time.sleep(2)
+                assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
+                assert page.evaluate(EXPLORER_READY_JS), "the explorer widget did not render its two figures"
 
-            no_news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
-            if no_news.count():
-                no_news.first.click()
-            explorer = page.locator(".jp-Cell:last-child .jp-OutputArea-output .widget-vbox").first
-            explorer.scroll_into_view_if_needed()
-            overview = explorer.locator(".js-plotly-plot").first
-            before = _title(explorer.locator(".js-plotly-plot").last)
-            assert not before.startswith("submod_2 "), before  # the default drill-down is another piece
-            label = overview.locator(".textpoint text", has_text="piece 2").first
-            box = label.bounding_box()
-            assert box is not None, "piece 2 is not drawn in the explorer's overview"
-            # Plotly picks the clicked point by hover; a real mouse move then click, as a person does.
-            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            time.sleep(0.5)
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            title = before
-            for _ in range(120):
+                dialogs.dismiss()
+                # Drawn, not only given data: the overview's boxes and labels and the drill-down are in the SVG.
+                drawn = [p for p in page.evaluate(DRAWN_JS) if p["live"]]
+                assert len(drawn) >= 2 and all(p["traces"] > 0 and p["points"] > 0 for p in drawn), (
+                    f"a live plot of the explorer is blank: {drawn}")
+                explorer = page.locator(".jp-Cell:last-child .jp-OutputArea-output .widget-vbox").first
+                explorer.scroll_into_view_if_needed()
+                overview = explorer.locator(".js-plotly-plot").first
+                before = _title(explorer.locator(".js-plotly-plot").last)
+                assert not before.startswith("submod_2 "), before  # the default drill-down is another piece
+                label = overview.locator(".textpoint text", has_text="piece 2").first
+                box = label.bounding_box()
+                assert box is not None, "piece 2 is not drawn in the explorer's overview"
+                # Plotly picks the clicked point by hover; a real mouse move then click, as a person does.
+                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
                 time.sleep(0.5)
-                title = _title(explorer.locator(".js-plotly-plot").last)
-                if title.startswith("submod_2 "):
-                    break
-            assert title.startswith("submod_2 "), f"no drill-down of piece 2 after the click: {title!r}"
-            assert "rewritten region" in title  # the diff mode: only what SP and AsyncTP rewrote
-            drilldown = explorer.locator(".js-plotly-plot").last
+                page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                title = before
+                for _ in range(120):
+                    time.sleep(0.5)
+                    title = _title(explorer.locator(".js-plotly-plot").last)
+                    if title.startswith("submod_2 "):
+                        break
+                assert title.startswith("submod_2 "), f"no drill-down of piece 2 after the click: {title!r}"
+                assert "rewritten region" in title  # the diff mode: only what SP and AsyncTP rewrote
+                drilldown = explorer.locator(".js-plotly-plot").last
 
-            artifacts = ROOT / "artifacts"
-            artifacts.mkdir(exist_ok=True)
-            page.mouse.move(5, 5)  # no hover label over the screenshot
-            time.sleep(0.5)
-            overview.scroll_into_view_if_needed()
-            overview.screenshot(path=str(artifacts / "explorer_overview.png"))
-            drilldown.scroll_into_view_if_needed()
-            drilldown.screenshot(path=str(artifacts / "explorer_drilldown.png"))
-            if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
-                (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
-                for shot in ("explorer_overview.png", "explorer_drilldown.png"):
-                    shutil.copy(artifacts / shot, ROOT / "docs" / "img" / shot)
+                artifacts = ROOT / "artifacts"
+                artifacts.mkdir(exist_ok=True)
+                page.mouse.move(5, 5)  # no hover label over the screenshot
+                time.sleep(0.5)
+                overview.scroll_into_view_if_needed()
+                overview.screenshot(path=str(artifacts / "explorer_overview.png"))
+                drilldown.scroll_into_view_if_needed()
+                drilldown.screenshot(path=str(artifacts / "explorer_drilldown.png"))
+                if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
+                    (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
+                    for shot in ("explorer_overview.png", "explorer_drilldown.png"):
+                        shutil.copy(artifacts / shot, ROOT / "docs" / "img" / shot)
         finally:
             browser.close()

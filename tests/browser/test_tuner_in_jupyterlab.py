@@ -28,6 +28,9 @@ from jupyterlab_session import (
     BUSY_JS,
     CHROMIUM,
     CHROMIUM_FLAGS,
+    DRAWN_JS,
+    Dialogs,
+    failure_record,
     require_browser,
     run_all_cells,
     serve_notebook,
@@ -50,15 +53,6 @@ PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map
 def lab(tmp_path):
     """(base URL, token, notebook name) of a JupyterLab serving a copy of notebook 3."""
     require_browser()
-    # no "receive official Jupyter news?" toast over the widget (and its screenshot)
-    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    # every cell stays in the DOM: with JupyterLab's default windowing, the tuner's plot is detached once
-    # Run All has scrolled to the last cell, and the plot can no longer be read
-    tracker = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
-    tracker.parent.mkdir(parents=True)
-    tracker.write_text('{"windowingMode": "none"}')
     with serve_notebook(NOTEBOOK, tmp_path) as served:
         yield served
 
@@ -92,77 +86,86 @@ def _expected(plot: list[dict], selected: dict) -> dict[int, float]:
     return {x: latency[v][x] for x, v in runs.items()}
 
 
+def _shoot(page, name: str) -> None:
+    """The first tuner, whole, to ``artifacts/<name>`` (and ``docs/img/`` with ``SP_LAB_UPDATE_SCREENSHOT=1``)."""
+    tuner = page.locator(".jp-OutputArea-output .widget-vbox").first
+    tuner.evaluate("el => el.scrollIntoView({block: 'center'})")
+    time.sleep(1)
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    tuner.screenshot(path=str(artifacts / name))
+    if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
+        (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
+        shutil.copy(artifacts / name, ROOT / "docs" / "img" / name)
+
+
 def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
     base, token, name = lab
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.goto(f"{base}/lab/tree/{name}?token={token}")
-            run_all_cells(page)
-            for _ in range(3):  # on a loaded machine the Run All click can land before the kernel listens
-                if page.evaluate(STARTED_JS):
-                    break
-                time.sleep(5)
-                run_all_cells(page)
-            assert page.evaluate(STARTED_JS), "Run > Run All Cells started no cell (4 attempts)"
+            dialogs = Dialogs(page)
+            # on failure: a screenshot, the dialogs met, the browser console's errors, the server log
+            with failure_record(page, "tuner", tmp_path / "jupyterlab.log", dialogs):
+                page.goto(f"{base}/lab/tree/{name}?token={token}")
+                run_all_cells(page, dialogs)
+                for _ in range(3):  # on a loaded machine the Run All click can land before the kernel listens
+                    if page.evaluate(STARTED_JS):
+                        break
+                    time.sleep(5)
+                    run_all_cells(page, dialogs)
+                assert page.evaluate(STARTED_JS), "Run > Run All Cells started no cell (4 attempts)"
 
-            # Points appear while the sweep runs (some, not yet all), then every cell ends (no "[*]").
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            plots: list = []
-            during: list[int] = []
-            while time.monotonic() < deadline:
-                plots = page.evaluate(PLOTS_JS)
-                measured = sum(len(t["x"]) for t in plots[0] if t["meta"].startswith("latency:")) if plots else 0
-                busy = page.evaluate(BUSY_JS)
-                if busy and measured:
-                    during.append(measured)
-                if measured and len(plots) >= 2 and not busy:
-                    break
-                time.sleep(0.5)
-            assert plots, "no plotly plot rendered"
-            latency = [t for t in plots[0] if t["meta"].startswith("latency:")]
-            final = sum(len(t["x"]) for t in latency)
-            assert final >= 6, f"latency plot has too few points: {latency}"
-            assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
-            assert during and min(during) < final, (
-                f"no partial plot seen while the sweep ran (point counts seen while busy: {during}, final {final})")
-
-            # Slider to its first value (the policy's upper variant from the smallest token count on),
-            # then to "never"; each time the curve must be what the selected policy runs at each count.
-            handle = page.locator(".widget-slider .noUi-handle").first
-            handle.scroll_into_view_if_needed()
-            for key, wanted in (("Home", None), ("End", "never")):
-                handle.focus()
-                page.keyboard.press(key)
-                ok, plot, selected = False, [], {}
-                for _ in range(120):  # the kernel answers the slider; on a loaded machine that can take a while
+                # Points appear while the sweep runs (some, not yet all), then every cell ends (no "[*]").
+                deadline = time.monotonic() + RUN_TIMEOUT_S
+                plots: list = []
+                during: list[int] = []
+                streamed = False
+                while time.monotonic() < deadline:
+                    plots = page.evaluate(PLOTS_JS)
+                    measured = sum(len(t["x"]) for t in plots[0] if t["meta"].startswith("latency:")) if plots else 0
+                    busy = page.evaluate(BUSY_JS)
+                    if busy and measured:
+                        if measured >= 3 and not streamed:  # mid-sweep: the "streaming" screenshot
+                            _shoot(page, "tuner_streaming.png")
+                            streamed = True
+                        during.append(measured)
+                    if measured and len(plots) >= 2 and not busy:
+                        break
                     time.sleep(0.5)
-                    plot, selected = page.evaluate(PLOTS_JS)[0], page.evaluate(SELECTED_JS)
-                    if (wanted is None or selected["threshold"] == wanted) and "->" in str(selected["policy"]):
-                        got, want = _gated(plot), _expected(plot, selected)
-                        ok = got.keys() == want.keys() and all(abs(got[x] - want[x]) < 1e-6 for x in got)
-                        if ok:
-                            break
-                assert ok, f"after {key}: the curve {_gated(plot)} is not what {selected} runs: {_expected(plot, selected)}"
+                assert plots, "no plotly plot rendered"
+                latency = [t for t in plots[0] if t["meta"].startswith("latency:")]
+                final = sum(len(t["x"]) for t in latency)
+                assert final >= 6, f"latency plot has too few points: {latency}"
+                assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
+                assert during and min(during) < final, (
+                    f"no partial plot seen while the sweep ran (point counts seen while busy: {during}, final {final})")
+                # Drawn, not only given data: every live plot (the live tuner's and the replay's) has SVG traces.
+                drawn = [p for p in page.evaluate(DRAWN_JS) if p["live"]]
+                assert len(drawn) >= 2 and all(p["traces"] > 0 and p["paths"] > 0 for p in drawn), (
+                    f"a live plot on the page is blank: {drawn}")
 
-            page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
-            page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
-            tuner = page.locator(".jp-OutputArea-output .widget-vbox").first
-            tuner.evaluate("el => el.scrollIntoView({block: 'center'})")
-            time.sleep(1)
-            artifacts = ROOT / "artifacts"
-            artifacts.mkdir(exist_ok=True)
-            tuner.screenshot(path=str(artifacts / "tuner.png"))
-            if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
-                (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
-                shutil.copy(artifacts / "tuner.png", ROOT / "docs" / "img" / "tuner.png")
-        except AssertionError as failure:  # keep what the browser showed and what the server said
-            artifacts = ROOT / "artifacts"
-            artifacts.mkdir(exist_ok=True)
-            page.screenshot(path=str(artifacts / "tuner_failure.png"), full_page=True)
-            log = (tmp_path / "jupyterlab.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"{failure}\n(page: artifacts/tuner_failure.png; JupyterLab log tail:\n{log})") \
-                from failure
+                # Slider to its first value (the policy's upper variant from the smallest token count on),
+                # then to "never"; each time the curve must be what the selected policy runs at each count.
+                handle = page.locator(".widget-slider .noUi-handle").first
+                handle.scroll_into_view_if_needed()
+                for key, wanted in (("Home", None), ("End", "never")):
+                    handle.focus()
+                    page.keyboard.press(key)
+                    ok, plot, selected = False, [], {}
+                    for _ in range(120):  # the kernel answers the slider; on a loaded machine that can take a while
+                        time.sleep(0.5)
+                        plot, selected = page.evaluate(PLOTS_JS)[0], page.evaluate(SELECTED_JS)
+                        if (wanted is None or selected["threshold"] == wanted) and "->" in str(selected["policy"]):
+                            got, want = _gated(plot), _expected(plot, selected)
+                            ok = got.keys() == want.keys() and all(abs(got[x] - want[x]) < 1e-6 for x in got)
+                            if ok:
+                                break
+                    assert ok, f"after {key}: the curve {_gated(plot)} is not what {selected} runs: {_expected(plot, selected)}"
+
+                page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
+                page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
+                _shoot(page, "tuner.png")
         finally:
             browser.close()

@@ -9,9 +9,10 @@ It leaves a piece in one of two ways (docs/piecewise-boundaries.md):
 - through the *epilogue* ``copy_(input, mutated)`` that functionalization emits when the piece updates its
   residual input in place (vLLM's fused add+norm): the copy fails with a shape mismatch at compile time.
 
-A :class:`BoundaryPolicy` decides what the SP rewrite puts in those two places. ``sharded`` needs no policy
-here: it rewrites the whole graph before splitting, so boundaries carry the shard and every piece is
-compiled for the shapes it really receives (see ``compiler/split.py``).
+A :class:`BoundaryPolicy` applies a :class:`~sp_lab.config.BoundaryStrategy` (whose attributes say what to do) in
+those two places. ``sharded`` rewrites the whole graph before splitting, so boundaries carry the shard and every
+piece is compiled for the shapes it really receives (see ``compiler/split.py``); at the whole graph's own edges
+(the model's outputs and in-place inputs) it gathers, as a full-graph compile does.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from torch import fx
 
 from sp_lab.compiler.inspection import shape_json
 from sp_lab.compiler.report import CopyEvent
+from sp_lab.config import BoundaryStrategy
 
-__all__ = ["BoundaryEvents", "BoundaryPolicy", "policy_for"]
+__all__ = ["BoundaryEvents", "BoundaryPolicy"]
 
 
 @dataclass
@@ -41,23 +43,13 @@ class BoundaryEvents:
 
 @dataclass(frozen=True)
 class BoundaryPolicy:
-    """How sharded values are handed across a piece boundary.
+    """Hands sharded values across a graph's edges as ``strategy`` says (its ``gathers_outputs`` and ``copies``)."""
 
-    Attributes:
-        name: the strategy ("none", "gather_erase", "gather", or "whole_graph" for SP applied before splitting).
-        gather_outputs: all-gather every output whose token dimension was sharded.
-        copies: what to do with an epilogue ``copy_(dst [N, H], src)`` whose source became a shard:
-            "keep" (leave the mismatched copy: the known failure), "erase" (the draft's fix: drop it, which
-            silently loses in-place residual updates), "gather" (all-gather into the copy: correct).
-    """
-
-    name: str
-    gather_outputs: bool
-    copies: str
+    strategy: BoundaryStrategy
 
     def output(self, node: fx.Node, shard: fx.Node, full: Callable[[], fx.Node], events: BoundaryEvents) -> fx.Node:
         """The value to return in place of ``node``, whose token-sharded form is ``shard``."""
-        if self.gather_outputs:
+        if self.strategy.gathers_outputs:
             events.gathered_outputs.append(node.name)
             return full()
         events.sharded_outputs.append(node.name)
@@ -68,29 +60,13 @@ class BoundaryPolicy:
     ) -> None:
         """Rewrite the epilogue ``copy_(dst, src)`` whose ``src`` is now held as ``shard``."""
         dst = copy_node.args[0]
-        action = {"gather": "gathered", "erase": "erased", "keep": "kept"}[self.copies]
+        action = {"gather": "gathered", "erase": "erased", "keep": "kept"}[self.strategy.copies]
         events.copies.append(CopyEvent(dst.name, shape_json(dst.meta["val"]), shape_json(shard.meta["val"]), action))
-        if self.copies == "gather":
+        if self.strategy.copies == "gather":
             copy_node.replace_input_with(copy_node.args[1], full())
-        elif self.copies == "erase":
+        elif self.strategy.copies == "erase":
             # The draft's fix, kept to demonstrate it: the in-place residual update is lost.
             copy_node.replace_all_uses_with(dst)
             copy_node.graph.erase_node(copy_node)
         else:
             copy_node.replace_input_with(copy_node.args[1], shard)
-
-
-_POLICIES = {
-    "none": BoundaryPolicy("none", gather_outputs=False, copies="keep"),
-    "gather_erase": BoundaryPolicy("gather_erase", gather_outputs=True, copies="erase"),
-    "gather": BoundaryPolicy("gather", gather_outputs=True, copies="gather"),
-    "whole_graph": BoundaryPolicy("whole_graph", gather_outputs=True, copies="gather"),
-}
-
-
-def policy_for(name: str) -> BoundaryPolicy:
-    """The policy for a boundary strategy name ("sharded" and full-graph compiles use "whole_graph")."""
-    try:
-        return _POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown boundary policy {name!r}; expected one of {sorted(_POLICIES)}") from None

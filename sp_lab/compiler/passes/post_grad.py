@@ -17,10 +17,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from sp_lab.compiler.inspection import graph_snapshot, op_counts, shape_json
 from sp_lab.compiler.passes.async_tp import apply_async_tp
-from sp_lab.compiler.passes.boundary import policy_for
+from sp_lab.compiler.passes.boundary import BoundaryPolicy
 from sp_lab.compiler.passes.dtensor_collectives import merge_unfused_gathers, normalise_seq_dim_collectives
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.report import CountKey, PieceOutput, PieceRecord
+from sp_lab.config import BoundaryStrategy
 from sp_lab.rules import MatmulRule
 
 __all__ = ["SpLabPostGradPass"]
@@ -48,7 +49,7 @@ class SpLabPostGradPass(CustomGraphPass):
     group_name: str | None
     enable_sp: bool
     enable_async_tp: bool
-    boundary: str  # policy name: "none" | "gather_erase" | "gather" | "whole_graph"
+    boundary: BoundaryStrategy  # what SP does at this graph's edges
     m_low: int
     use_symm_mem: bool
     rule: MatmulRule | None = None
@@ -59,6 +60,9 @@ class SpLabPostGradPass(CustomGraphPass):
     piece_name: str = "graph"
     record: PieceRecord | None = None
 
+    def __post_init__(self) -> None:
+        self.boundary = BoundaryStrategy(self.boundary)  # a name is accepted; a bad one lists the strategies
+
     def __call__(self, graph: fx.Graph) -> None:
         graph_before, counts_before = graph_snapshot(graph, self.splitting_ops), op_counts(graph)
         before = {n.name for n in graph.nodes}
@@ -68,7 +72,7 @@ class SpLabPostGradPass(CustomGraphPass):
         group = self.group_name
         if self.enable_sp:
             sp = apply_sequence_parallel(
-                graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=policy_for(self.boundary),
+                graph, tp_size=self.tp_size, rank=self.rank, group_name=group, policy=BoundaryPolicy(self.boundary),
                 token_dim=self.token_dim,
             )
             matches.update({CountKey(f"sp_{form}"): sp.count(form) for form in ("first", "middle", "last")})

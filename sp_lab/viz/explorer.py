@@ -70,7 +70,7 @@ def plot_overview(report: ReportSource, range_index: int | None = None, *, expan
     erased copies, identical layers collapsed.
 
     ``expand``: False keeps identical layers collapsed, True opens them all, a list of group ids
-    (``overview_data(report).groups``) opens those. ``widget=True`` returns a ``go.FigureWidget``.
+    (``overview_data(report).groups``) opens those. ``widget=True`` returns a :class:`~sp_lab.viz.live_figure.LiveFigure`.
     """
     return _maybe_widget(build_overview_figure(overview_data(report, range_index), expand=expand), widget)
 
@@ -93,9 +93,6 @@ def plot_compare(report_a: ReportSource, report_b: ReportSource, *, range_a: int
 def _maybe_widget(fig: go.Figure, widget: bool) -> go.Figure:
     if not widget:
         return fig
-    try:
-        import anywidget  # noqa: F401  (plotly's FigureWidget is built on it since plotly 6)
-    except ImportError as err:
-        raise ImportError("widget=True needs anywidget (pip install anywidget); or use widget=False "
-                          "and display the go.Figure") from err
-    return go.FigureWidget(fig)
+    from sp_lab.viz.live_figure import LiveFigure  # needs anywidget
+
+    return LiveFigure(fig)

@@ -97,8 +97,12 @@ def write_report(
     compile_report: Path | None = None,
     include_plotlyjs: bool | str = True,
     overwrite: bool = False,
+    predicted: bool = True,
 ) -> Path:
     """Write the report of ``rows`` (read from ``store``) to ``out``; returns the path.
+
+    ``predicted``: add the "what this would be on 8x H200" section (the performance model's curves for the
+    swept preset, or Llama-3-70B for a non-preset model), labelled predicted and kept apart from the rows.
 
     The regret panel draws ``recommendation.config`` (or ``config``). An existing report made from
     another store is kept unless ``overwrite``: :class:`ReportOverwriteError` names both stores.
@@ -117,7 +121,7 @@ def write_report(
     title = f"Forward latency vs tokens (source: {', '.join(sources)})"
     figures = [plot_latency(rows, config=shown, title=title)]
     if compile_report is not None:
-        from sp_lab.viz.graph import load_report, plot_overview
+        from sp_lab.viz.explorer import load_report, plot_overview
 
         figures.append(plot_overview(load_report(compile_report)))
     divs = [f.to_html(full_html=False, include_plotlyjs=include_plotlyjs if i == 0 else False)
@@ -153,8 +157,12 @@ def write_report(
                          (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
         if source in sources:
             parts.append(f"<p class='warn'>Some rows are <b>{what}</b>.</p>")
-    parts += ["<h2>Latency and regret</h2>", *divs,
-              "<h2>What ran</h2>", html_table(ran),
+    parts += ["<h2>Latency and regret</h2>", *divs]
+    if predicted:
+        from sp_lab.viz.predicted import predicted_section_html
+
+        parts.append(predicted_section_html(str(rows["model"][0])))
+    parts += ["<h2>What ran</h2>", html_table(ran),
               "<h2>Provenance</h2>", html_table(provenance)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

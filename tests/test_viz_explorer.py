@@ -20,7 +20,8 @@ import pytest
 go = pytest.importorskip("plotly.graph_objects", reason="plotly is optional on GPU machines")
 
 from sp_lab.compiler.report import CompileReport
-from sp_lab.viz import dag_layout, graph
+from sp_lab.viz import dag_layout
+from sp_lab.viz import explorer as graph
 from sp_lab.viz.piece_graph import is_folded
 
 DATA = Path(__file__).parent / "data" / "explorer"
@@ -28,6 +29,8 @@ MODELS = ("toy", "toy_inplace", "llama")
 STRATEGIES = ("none", "gather_erase", "gather", "sharded")
 TP = 2
 HIDDEN = {"toy": 64, "toy_inplace": 64, "llama": 128}  # float32: 4 bytes per element
+# (query heads, KV heads, head dim) of each fixture model before tp sharding (make_explorer_fixtures.py)
+ATTENTION = {"toy": (4, 2, 16), "toy_inplace": (4, 2, 16), "llama": (4, 2, 32)}
 
 
 def _path(model: str, strategy: str) -> Path:
@@ -118,12 +121,16 @@ def test_boundary_bytes_per_token_sharded_vs_full(reports, model):
     gather = graph.overview_data(reports[(model, "gather")]).boundaries
     sharded = graph.overview_data(reports[(model, "sharded")]).boundaries
     assert len(gather) == len(sharded) == 2
-    for g, s in zip(gather, sharded):
+    heads, kv_heads, head_dim = ATTENTION[model]
+    qkv = (heads + 2 * kv_heads) // TP * head_dim * 4  # this rank's q, k and v heads, float32, per token
+    for i, (g, s) in enumerate(zip(gather, sharded)):
+        # int64 positions cross the first boundary only: the second layer's rotary embedding is before it
+        positions = 8 if i == 0 else 0
+        assert g.bytes_per_token == qkv + residual + positions
+        assert s.bytes_per_token == qkv + residual / TP + positions
         assert g.sharded_bytes_per_token == 0
         assert s.sharded_bytes_per_token == residual / TP
-        assert g.bytes_per_token - s.bytes_per_token == residual - residual / TP
         assert [t.sharded_after for t in s.tensors].count(True) == 1
-        assert g.bytes_per_token == sum(t.bytes_per_token_after or 0 for t in g.tensors)
     assert f"{sharded[0].sharded_bytes_per_token:,.0f} sharded" in sharded[0].text
 
 
@@ -426,22 +433,26 @@ def test_emit_trace_warns_on_incompatible_torch(monkeypatch, reports):
 # ------------------------------------------------------------------------------------------ widget
 
 def test_explorer_widget_click_through(reports):
-    from plotly.callbacks import InputDeviceState, Points
-
     from sp_lab.widgets.explorer import explore
+
+    def click(key: str) -> None:
+        """A click on the overview item ``key``, as the browser sends it: the message of the overview's view."""
+        fig = ex.overview_figure
+        (trace,) = [i for i, t in enumerate(fig.data) if t.customdata is not None and key in list(t.customdata)]
+        index = list(fig.data[trace].customdata).index(key)
+        ex.overview_view._on_front_end_message(ex.overview_view, {"event": "click", "points": [
+            {"curve": trace, "index": index, "customdata": key}]}, [])
 
     ex = explore(_path("llama", "gather"))
     assert ex.piece_select.value == 0 and ex.piece_figure.layout.title.text.startswith("submod_0")
-    # A click on "piece 4" in the overview, delivered the way plotly's FigureWidget delivers it.
-    (pieces,) = [t for t in ex.overview_figure.data if t.meta == "pieces"]
-    index = list(pieces.customdata).index("piece:4")
-    pieces._dispatch_on_click(Points(point_inds=[index], xs=[pieces.x[index]], ys=[pieces.y[index]],
-                                     trace_name=pieces.name, trace_index=0), InputDeviceState())
+    click("piece:4")
     assert ex.piece_select.value == 4 and ex.piece_figure.layout.title.text.startswith("submod_4")
-    # A click on a boundary tensor lists its producers and consumers.
-    ex.select("tensor:0:3")
-    assert ex.links is not None and ex.links.producers and "produced by" in ex.links_view.value
-    ex.select("piece:1")  # the attention op: nothing to open, said so
+    # A click on a boundary tensor (the residual crossing boundary 0) lists its producers and consumers.
+    assert ex.links is None
+    click("tensor:0:3")
+    assert ex.links is not None and ex.links.tensor == "residual" and ex.links.boundary == 0
+    assert ex.links.producers and "produced by" in ex.links_view.value
+    click("piece:1")  # the attention op: nothing to open, said so
     assert "eagerly" in ex.links_view.value and ex.piece_select.value == 4
     ex.mode_select.value = "after"
     ex.search.value = "mlp"

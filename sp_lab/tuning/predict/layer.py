@@ -1,0 +1,219 @@
+"""One decoder layer's predicted time per variant and token count, on a GPU that is not here.
+
+Per layer at ``T`` tokens (padded to a multiple of ``tp`` for the sequence-parallel variants); attention,
+embeddings and the LM head are left out (the same in every variant):
+
+- ``baseline``: 4 matmuls on ``T`` rows + 2 all_reduce of ``[T, H]`` + 2 (add +) RMSNorm on ``T`` tokens;
+- ``sp``: 4 matmuls + 2 reduce_scatter + 2 all_gather + 2 norms on ``T / tp`` tokens;
+- ``sp+async_tp``: each matmul fused with its collective: its chunk pipeline
+  (:func:`~sp_lab.tuning.predict.pipeline.run_pipeline`: fill, contention, drain) plus the fused op's own
+  cost measured on one H200 (:meth:`~sp_lab.tuning.predict.kernels.KernelModel.fused_overhead_us`);
+- ``tuned``: as ``sp``, each matmul fused or not by a :class:`~sp_lab.rules.MatmulRule`.
+
+``timing="graph"`` predicts device time (CUDA-graph replay: how sp_lab and vLLM serve); ``"eager"`` adds the
+host floor of each call measured on the H200 (an eager fused op costs ~0.2-0.33 ms of host time), for
+comparisons with benchmarks that time eager calls. Every row says ``source="predicted"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from sp_lab.resources import load_preset
+from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
+from sp_lab.tuning.predict.hardware import Gpu, Interconnect, gpu
+from sp_lab.tuning.predict.kernels import (
+    KernelModel,
+    MatmulTable,
+    canonical_dtype,
+    default_table,
+    host_cost_us,
+)
+from sp_lab.tuning.predict.pipeline import PipelineTiming, run_pipeline
+from sp_lab.vocabulary import BASELINE, PREDICTED, SP, SP_ASYNC_TP, TUNED
+
+if TYPE_CHECKING:
+    from sp_lab.rules import MatmulRule
+    from sp_lab.tuning.microbench import ModelDescription
+
+TIMINGS = ("graph", "eager")
+"""How the predicted latency is timed: device time under CUDA graphs, or eager calls with their host cost."""
+
+
+@dataclass(frozen=True)
+class MatmulPrediction:
+    """One TP matmul with its collective at one token count, fused and unfused (microseconds)."""
+
+    shape: MatmulShape
+    """Which matmul (per-rank shape)."""
+    tokens: int
+    """Rows multiplied (padded to a multiple of tp)."""
+    mm_us: float
+    """The plain matmul."""
+    comm_us: float
+    """Its NCCL collective, unfused."""
+    pipeline: PipelineTiming
+    """The fused kernel's chunk pipeline."""
+    overhead_us: float
+    """The fused op's own cost (staging, signals, final reduction) from the one-rank H200 measurement."""
+    contention: float
+    """Matmul slow-down while copies run, used in the pipeline."""
+    host_us: dict[str, float]
+    """Eager host floors (0 under CUDA graphs): ``"mm"``, ``"fused"``."""
+
+    @property
+    def unfused_us(self) -> float:
+        """Matmul then collective, as separate kernels."""
+        return max(self.mm_us, self.host_us["mm"]) + self.comm_us
+
+    @property
+    def fused_us(self) -> float:
+        """The fused kernel."""
+        return max(self.pipeline.total_us + self.overhead_us, self.host_us["fused"])
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a prediction is for: GPU, its interconnect, dtype, timing and the contention scale."""
+
+    gpu: Gpu
+    """The GPU (datasheet peaks)."""
+    interconnect: Interconnect
+    """How ranks talk (defaults to the GPU's own)."""
+    dtype: str = "bfloat16"
+    """Matmul dtype."""
+    timing: str = "graph"
+    """One of :data:`TIMINGS`."""
+    contention_scale: float = 1.0
+    """Multiplies (contention - 1): 0 = copies never slow the matmul, 2 = twice the modelled slow-down."""
+
+    @classmethod
+    def of(cls, gpu_name: str | Gpu, *, dtype: str = "bfloat16", timing: str = "graph",
+           interconnect: Interconnect | None = None, contention_scale: float = 1.0) -> Target:
+        """Target for a GPU name from hardware.json (``ValueError`` listing the allowed ones)."""
+        g = gpu_name if isinstance(gpu_name, Gpu) else gpu(gpu_name)
+        if timing not in TIMINGS:
+            raise ValueError(f"unknown timing {timing!r}; expected one of {TIMINGS}")
+        return cls(gpu=g, interconnect=interconnect or g.interconnect, dtype=canonical_dtype(dtype), timing=timing,
+                   contention_scale=contention_scale)
+
+    def replace(self, **changes: object) -> Target:
+        """A copy with some fields changed (the crossover band perturbs bandwidth and contention)."""
+        return dataclasses.replace(self, **changes)
+
+
+def predict_matmul(kernels: KernelModel, target: Target, shape: MatmulShape, tokens: int, tp: int,
+                   hidden: int) -> MatmulPrediction:
+    """Fused and unfused time of one TP matmul at ``tokens`` (padded to ``tp``) rows."""
+    m = padded_tokens(tokens, tp)
+    ic = target.interconnect
+    act_bytes = kernels.bytes if shape.side == "ag" else 2  # FP8 gathers FP8 inputs; outputs stay bf16
+    comm = ic.collective_us(shape.collective, m * hidden * act_bytes, tp)
+    chunk = kernels.chunk_us(m, shape.n, shape.k, tp)
+    copy = ic.copy_us(m // tp * hidden * act_bytes)
+    kappa = 1.0 + target.contention_scale * (kernels.contention(m // tp, shape.n, shape.k, ic.copy_gbps) - 1.0)
+    pipe = run_pipeline([chunk] * tp, [copy] * (tp - 1), shape.side, kappa)
+    if target.timing == "eager":
+        host = host_cost_us()
+        hosts = {"mm": host["mm"], "fused": host[shape.side]}
+    else:
+        hosts = {"mm": 0.0, "fused": 0.0}
+    return MatmulPrediction(shape=shape, tokens=m, mm_us=kernels.mm_us(m, shape.n, shape.k), comm_us=comm,
+                            pipeline=pipe, overhead_us=kernels.fused_overhead_us(shape.side, m, shape.n, shape.k, tp),
+                            contention=kappa, host_us=hosts)
+
+
+def model_name(spec: ModelDescription) -> str:
+    """A printable name for a preset, spec or config dict."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, Mapping):
+        return str(spec.get("name") or spec.get("_name_or_path") or "custom")
+    return str(getattr(spec, "name", None) or "custom")
+
+
+def num_layers_of(spec: ModelDescription) -> int:
+    """Decoder layers of a preset, spec or config dict (1 when it does not say)."""
+    if isinstance(spec, str):
+        spec = load_preset(spec)
+    if isinstance(spec, Mapping):
+        return int(spec.get("num_layers") or spec.get("num_hidden_layers") or 1)
+    return int(getattr(spec, "num_layers", 1) or 1)
+
+
+def predict_layers(
+    spec: ModelDescription,
+    tp: int,
+    token_counts: Iterable[int],
+    target: Target | str = "h200",
+    *,
+    num_layers: int | None = None,
+    rule: MatmulRule | None = None,
+    table: MatmulTable | None = None,
+    full_layer: bool = False,
+) -> pl.DataFrame:
+    """Predicted latency of ``num_layers`` decoder layers per variant and token count.
+
+    ``full_layer=True`` adds what is the same in every variant: each rank's causal attention over one sequence
+    of the step's tokens (from the H200 attention table) and the SiLU-and-multiply pass of the MLP; by default
+    only what the variants change is predicted. Embeddings and the LM head are never included.
+
+    Returns sweep-store columns: ``num_tokens, variant, latency_us, matmul_us, comm_us, norm_us, n_fused,
+    fusion_fired, fusion_missing, model, tp, num_layers, hidden_size, dtype, device_name, device_count, gpu,
+    interconnect, source="predicted", timing_method, estimated_shapes, note``.
+    """
+    target = Target.of(target) if isinstance(target, str) else target
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    kernels = KernelModel(table or default_table(), target.gpu, target.dtype)
+    dims = _spec_dims(spec)
+    hidden = dims["hidden_size"]
+    q_heads = max(1, dims["num_heads"] // tp)
+    layers = num_layers or num_layers_of(spec)
+    shapes = tp_matmul_shapes(spec, tp)
+    ic = target.interconnect
+    rows = []
+    for t in sorted({int(x) for x in token_counts}):
+        if t < 1:
+            raise ValueError(f"token counts must be >= 1, got {t}")
+        pairs = [predict_matmul(kernels, target, s, t, tp, hidden) for s in shapes]
+        m = padded_tokens(t, tp)
+        eager_mm = host_cost_us()["mm"] if target.timing == "eager" else 0.0
+        plain = sum(max(kernels.mm_us(t, s.n, s.k), eager_mm) for s in shapes)
+        norm_bytes = 4 * hidden * 2  # fused add + RMSNorm: read x and residual, write both, per token
+        # same in every variant: attention, and SiLU(gate) * up reading 2 I / tp and writing I / tp per token
+        act = kernels.elementwise_us(t * 3 * dims["intermediate_size"] // tp * 2)
+        attn = kernels.attention_us(t, q_heads, dims["head_dim"]) + act if full_layer else 0.0
+        choices: dict[str, list[bool] | None] = {BASELINE: None, SP: [False] * 4, SP_ASYNC_TP: [True] * 4}
+        if rule is not None:
+            choices[TUNED] = [rule.decide(m, s.n, s.k, tp) == "fuse" for s in shapes]
+        for variant, fuse in choices.items():
+            if fuse is None:
+                matmul = plain
+                comm = 2 * ic.collective_us("all_reduce", t * hidden * 2, tp)
+                norm = 2 * kernels.elementwise_us(t * norm_bytes)
+            else:
+                matmul = sum(p.fused_us if f else p.unfused_us - p.comm_us for p, f in zip(pairs, fuse, strict=True))
+                comm = sum(p.comm_us for p, f in zip(pairs, fuse, strict=True) if not f)
+                norm = 2 * kernels.elementwise_us(m // tp * norm_bytes)
+            n_fused = sum(fuse or [])
+            rows.append({"num_tokens": t, "variant": variant, "latency_us": layers * (matmul + comm + norm + attn),
+                         "matmul_us": layers * matmul, "comm_us": layers * comm, "norm_us": layers * norm,
+                         "same_in_all_us": layers * attn,
+                         "n_fused": n_fused * layers, "fusion_fired": n_fused > 0, "fusion_missing": False})
+    estimated = ", ".join(f"{n}x{k}" for n, k in sorted(kernels.estimated)) or "none"
+    return pl.DataFrame(rows).with_columns(
+        model=pl.lit(model_name(spec)), tp=pl.lit(tp), num_layers=pl.lit(layers), hidden_size=pl.lit(hidden),
+        dtype=pl.lit(target.dtype), device_name=pl.lit(f"predicted: {tp}x {target.gpu.label}"),
+        device_count=pl.lit(tp), gpu=pl.lit(target.gpu.name), interconnect=pl.lit(ic.name),
+        source=pl.lit(PREDICTED), timing_method=pl.lit(f"predicted ({target.timing})"),
+        estimated_shapes=pl.lit(estimated),
+        note=pl.lit("performance model: H200 kernel tables + alpha-beta communication; "
+                    + ("attention and activation included" if full_layer else "attention excluded")
+                    + "; embeddings and LM head excluded"),
+    )

@@ -1,0 +1,151 @@
+"""The performance model's parts on known inputs (sp_lab.tuning.predict): hand-computed alpha-beta times,
+pipelines of known chunk times (fill, contention, drain), GPU scaling, and how a layer is composed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sp_lab.tuning.microbench import tp_matmul_shapes
+from sp_lab.tuning.predict import hardware as H
+from sp_lab.tuning.predict import kernels as K
+from sp_lab.tuning.predict.layer import Target, predict_layers, predict_matmul
+from sp_lab.tuning.predict.pipeline import run_pipeline
+
+
+def test_alpha_beta_by_hand():
+    ic = H.Interconnect("t", "test", busbw_gbps=100.0, copy_gbps=50.0, alpha_us=5.0, copy_alpha_us=1.0)
+    mb8 = 8e6  # 8 MB over 4 ranks: each rank moves 3/4 of it (6 MB) at 100 GB/s = 60 us
+    assert ic.collective_us("all_gather", mb8, 4) == pytest.approx(65.0)
+    assert ic.collective_us("reduce_scatter", mb8, 4) == pytest.approx(65.0)
+    assert ic.collective_us("all_reduce", mb8, 4) == pytest.approx(125.0)
+    assert ic.collective_us("all_reduce", mb8, 1) == 0.0
+    assert ic.copy_us(1e6) == pytest.approx(21.0)  # 1 us + 1 MB at 50 GB/s
+    with pytest.raises(ValueError, match="unknown collective 'broadcast'"):
+        ic.collective_us("broadcast", mb8, 4)
+    with pytest.raises(ValueError, match="bandwidths must be > 0"):
+        H.Interconnect("bad", "bad", busbw_gbps=0.0, copy_gbps=1.0, alpha_us=0.0, copy_alpha_us=0.0)
+
+
+def test_hardware_data_names_sources_and_refuses_unknown_gpus():
+    for name in H.gpu_names():
+        g = H.gpu(name)
+        assert g.sources and g.interconnect.sources and g.hbm_gbps > 0
+    assert H.gpu("H200").interconnect.name == "nvlink4" and H.gpu("b200").interconnect.name == "nvlink5"
+    with pytest.raises(ValueError, match=r"unknown GPU 'h300'; allowed: b200, h100, h100-hbm2e, h100-pcie, h200, h800"):
+        H.gpu("h300")
+
+
+@pytest.mark.parametrize(("compute", "copies", "side", "kappa", "want"), [
+    # ag: local chunk first; copies back to back from t=0
+    ([10, 10, 10], [5, 5], "ag", 1.0, {"total_us": 30, "stall_us": 0, "contention_us": 0, "drain_us": 0}),
+    # copies slower than chunks: chunk 1 waits for copy 1 (t=20), chunk 2 for copy 2 (t=40)
+    ([10, 10, 10], [20, 20], "ag", 1.0, {"total_us": 50, "stall_us": 20, "contention_us": 0, "drain_us": 0}),
+    # contention 2 while the copy runs (0-10): chunk 0 does 5 of its 10 by t=10, ends at 15; chunk 1 15-25
+    ([10, 10], [10], "ag", 2.0, {"total_us": 25, "stall_us": 0, "contention_us": 5, "drain_us": 0}),
+    # rs: chunk j sent when computed; the local (last) chunk has no copy
+    ([10, 10, 10], [5, 5], "rs", 1.0, {"total_us": 30, "stall_us": 0, "contention_us": 0, "drain_us": 0}),
+    # rs with slow copies: copy 0 10-25, copy 1 25-40; last matmul ends at 30: 10 us of drain
+    ([10, 10, 10], [15, 15], "rs", 1.0, {"total_us": 40, "stall_us": 0, "contention_us": 0, "drain_us": 10}),
+])
+def test_pipeline_fill_contention_drain(compute, copies, side, kappa, want):
+    got = run_pipeline(compute, copies, side, kappa)
+    assert got.compute_us == pytest.approx(sum(compute))
+    for key, value in want.items():
+        assert getattr(got, key) == pytest.approx(value), key
+
+
+def test_pipeline_refuses_bad_input():
+    with pytest.raises(ValueError, match="one copy per non-local chunk"):
+        run_pipeline([1, 1], [1, 1], "ag")
+    with pytest.raises(ValueError, match="side must be"):
+        run_pipeline([1, 1], [1], "xy")
+    with pytest.raises(ValueError, match="contention must be >= 1"):
+        run_pipeline([1, 1], [1], "ag", 0.5)
+
+
+@pytest.fixture(scope="module")
+def table() -> K.MatmulTable:
+    return K.default_table()
+
+
+def test_kernels_on_the_h200_are_the_measured_rows():
+    km = K.KernelModel(K.MatmulTable.from_files(K.SINGLE_GPU_JSON), H.gpu("h200"))
+    rows = json.loads(K.SINGLE_GPU_JSON.read_text())["rows"]
+    row = {(r["variant"], r["m_padded"]): r["us"] for r in rows
+           if r["model"] == "llama-3-70b" and r["tp"] == 8 and r["name"] == "qkv"}
+    assert km.mm_us(4096, 1280, 8192) == pytest.approx(row[("mm", 4096)])
+    assert km.chunk_us(4096, 1280, 8192, 8) == pytest.approx(row[("mm_chunked", 4096)] / 8)
+    # all_gather side: the local shard (m / tp rows) is what gets staged
+    assert km.fused_overhead_us("ag", 4096, 1280, 8192, 8) == pytest.approx(row[("fused_ws1", 512)] - row[("mm", 512)])
+    assert not km.estimated
+
+
+def test_kernels_scale_by_memory_and_compute_share(table):
+    h200 = H.gpu("h200")
+    fast_memory = H.Gpu("x", "x", dict(h200.peak_tflops), h200.hbm_gbps * 2, h200.interconnect)
+    base, fast = K.KernelModel(table, h200), K.KernelModel(table, fast_memory)
+    assert base.roofline.memory_share(8, 7168, 8192) == 1.0  # 8 rows: the weight read is the time
+    assert fast.mm_us(8, 7168, 8192) == pytest.approx(base.mm_us(8, 7168, 8192) / 2)
+    share = base.roofline.memory_share(16384, 7168, 8192)
+    assert share < 0.5  # compute-bound: doubling memory speed saves only the memory share
+    assert fast.mm_us(16384, 7168, 8192) == pytest.approx(base.mm_us(16384, 7168, 8192) * (1 - share / 2))
+
+
+def test_contention_from_hbm_share(table):
+    km = K.KernelModel(table, H.gpu("h200"))
+    hbm = H.gpu("h200").hbm_gbps
+    # copies in and out take half the HBM: a memory-bound matmul runs at half speed
+    assert km.contention(8, 7168, 8192, hbm / 4) == pytest.approx(2.0)
+    assert km.contention(8, 7168, 8192, 0.0) == pytest.approx(1.0)
+    assert 1.0 < km.contention(16384, 7168, 8192, hbm / 4) < 1.5  # compute-bound: barely
+
+
+def test_fused_matmul_is_its_pipeline_plus_overhead(table):
+    ic = H.Interconnect("t", "test", busbw_gbps=100.0, copy_gbps=100.0, alpha_us=5.0, copy_alpha_us=1.0)
+    target = Target.of("h200", interconnect=ic, contention_scale=0.0)
+    km = K.KernelModel(table, target.gpu)
+    qkv = tp_matmul_shapes("llama-3-70b", 8)[0]
+    p = predict_matmul(km, target, qkv, 4096, 8, 8192)
+    chunk = km.chunk_us(4096, 1280, 8192, 8)
+    copy = 1.0 + 512 * 8192 * 2 / 100e3  # 8 MB shard at 100 GB/s = 83.9 us > chunk: copies set the pace
+    # ag: chunk 0 at t=0, chunk i after copy i lands at i*copy: the last chunk starts at 7 * copy
+    assert p.pipeline.total_us == pytest.approx(7 * copy + chunk)
+    assert p.fused_us == pytest.approx(7 * copy + chunk + km.fused_overhead_us("ag", 4096, 1280, 8192, 8))
+    assert p.comm_us == pytest.approx(5.0 + 7 / 8 * 4096 * 8192 * 2 / 100e3)
+    assert p.unfused_us == pytest.approx(km.mm_us(4096, 1280, 8192) + p.comm_us)
+
+
+def test_baseline_layer_by_hand(table):
+    ic = H.Interconnect("t", "test", busbw_gbps=100.0, copy_gbps=100.0, alpha_us=5.0, copy_alpha_us=1.0)
+    target = Target.of("h200", interconnect=ic)
+    rows = predict_layers("llama-3-70b", 8, [1024], target, num_layers=2)
+    km = K.KernelModel(table, target.gpu)
+    mm = sum(km.mm_us(1024, s.n, s.k) for s in tp_matmul_shapes("llama-3-70b", 8))
+    ar = 5.0 + 2 * 7 / 8 * 1024 * 8192 * 2 / 100e3
+    norm = 4 * 1024 * 8192 * 2 / (km.roofline.hbm_gbps * 1e3)
+    base = rows.filter(rows["variant"] == "baseline").row(0, named=True)
+    assert base["latency_us"] == pytest.approx(2 * (mm + 2 * ar + 2 * norm))
+    assert base["source"] == "predicted" and base["device_name"] == "predicted: 8x H200 SXM 141GB"
+    sp = rows.filter(rows["variant"] == "sp").row(0, named=True)  # same comm, norms on 1/8 of the tokens
+    assert sp["norm_us"] == pytest.approx(base["norm_us"] / 8)
+
+
+def test_fp8_needs_a_measured_table(table):
+    with pytest.raises(ValueError, match="no measured float8 matmul table"):
+        K.KernelModel(table, H.gpu("h200"), "float8_e4m3fn")
+
+
+def test_crossover_is_where_the_variant_wins_from_then_on():
+    import polars as pl
+
+    from sp_lab.tuning.predict.crossover import crossover_tokens
+
+    def rows(fused: list[float]) -> pl.DataFrame:
+        n = [1, 2, 4, 8]
+        return pl.DataFrame({"num_tokens": n * 2, "variant": ["baseline"] * 4 + ["sp+async_tp"] * 4,
+                             "latency_us": [10.0] * 4 + fused})
+    assert crossover_tokens(rows([20, 9, 11, 9])) == 8  # wins at 2 but loses again at 4: from 8 on
+    assert crossover_tokens(rows([9, 9, 9, 9])) == 1
+    assert crossover_tokens(rows([20, 20, 20, 11])) is None
