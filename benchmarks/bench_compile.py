@@ -51,8 +51,8 @@ BASELINE = "torch.compile"
 TARGET_RATIO = 1.0  # sp_lab's compile of every range a sweep needs, over torch.compile's
 
 
-def _ids(n: int, vocab: int) -> torch.Tensor:
-    x = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n))
+def _ids(n: int, vocab: int, device: str = "cpu") -> torch.Tensor:
+    x = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).to(device)
     torch._dynamo.mark_dynamic(x, 0)  # as a serving engine marks its token dimension
     return x
 
@@ -63,6 +63,8 @@ def _timed(fn, x) -> float:
     t0 = time.perf_counter()
     with torch.no_grad():
         fn(x)
+    if x.is_cuda:
+        torch.cuda.synchronize()
     dist.barrier()
     return time.perf_counter() - t0
 
@@ -76,11 +78,14 @@ def _latency_ms(fn, x, repeats: int) -> float:
             dist.barrier()
             t0 = time.perf_counter()
             fn(x)
+            if x.is_cuda:
+                torch.cuda.synchronize()
             runs.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(runs)
 
 
-def _trial(contender: str, model_name: str, layers: int, tokens: list[int], dtype: str, latency_repeats: int) -> dict:
+def _trial(contender: str, model_name: str, layers: int, tokens: list[int], dtype: str, latency_repeats: int,
+           device: str = "cpu") -> dict:
     """One contender in this fresh rank: start-up, the sweep's first calls, then (sp_lab) latency."""
     from torch._dynamo.utils import counters
 
@@ -88,10 +93,10 @@ def _trial(contender: str, model_name: str, layers: int, tokens: list[int], dtyp
     t0 = time.perf_counter()
     # Inductor's one-time start-up is paid by whatever compiles first in a process: pay it on a throw-away
     # function so that compile_s measures the model, in every trial alike.
-    torch.compile(lambda t: t * 2 + 1, fullgraph=True)(torch.ones(8))
+    torch.compile(lambda t: t * 2 + 1, fullgraph=True)(torch.ones(8, device=device))
     startup_s = time.perf_counter() - t0
     model = sp_lab.models.build(model_name, tp_rank=rank, tp_size=tp, num_layers=layers,
-                                dtype=getattr(torch, dtype))
+                                dtype=getattr(torch, dtype), device=device)
     vocab = model.spec.vocab_size
     torch._dynamo.reset()
     counters.clear()
@@ -102,7 +107,7 @@ def _trial(contender: str, model_name: str, layers: int, tokens: list[int], dtyp
         config = sp_lab.LabConfig(tp_size=tp, async_tp_min_tokens=threshold, max_num_tokens=max(tokens),
                                   boundary=contender.split()[-1])
         compiled = sp_lab.compile(model, config)
-    first_calls = {n: _timed(compiled, _ids(n, vocab)) for n in tokens}
+    first_calls = {n: _timed(compiled, _ids(n, vocab, device)) for n in tokens}
     result = {
         "contender": contender, "rank": rank, "startup_s": startup_s,
         "compile_s": sum(first_calls.values()), "first_range_s": first_calls[tokens[0]],
@@ -111,7 +116,7 @@ def _trial(contender: str, model_name: str, layers: int, tokens: list[int], dtyp
     if contender != BASELINE:
         result["ranges"] = sum(1 for r in compiled.report.ranges if r.compiled)
         result["artifact_cache"] = [r.artifact_cache for r in compiled.report.ranges if r.compiled]
-        result["latency_ms"] = {n: _latency_ms(compiled, _ids(n, vocab), latency_repeats) for n in tokens}
+        result["latency_ms"] = {n: _latency_ms(compiled, _ids(n, vocab, device), latency_repeats) for n in tokens}
     return result
 
 
@@ -146,7 +151,8 @@ def _run_trial(contender: str, args: argparse.Namespace, cache: str, repeat: int
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache) / "inductor")
     os.environ["SP_LAB_CACHE_DIR"] = str(Path(cache) / "sp_lab")
     ranks = sp_lab.launch(_trial, contender, args.model, args.layers, list(args.tokens), args.dtype,
-                          args.latency_repeats, world_size=2, timeout=3600.0)
+                          args.latency_repeats, args.device, world_size=args.tp, timeout=3600.0,
+                          backend="nccl" if args.device == "cuda" and args.tp > 1 else "gloo")
     # A TP step is as slow as its slowest rank: keep the rank with the longer compile.
     trial = max(ranks, key=lambda r: r["compile_s"]) | {"repeat": repeat, "caches": "warm" if warm else "cold"}
     print(json.dumps(trial), flush=True)
@@ -160,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[4, 16, 64, 256],
                         help="the sweep's token counts, called in this order (default 4 16 64 256)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--tp", type=int, default=2, help="ranks (default 2 gloo CPU ranks)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: one GPU per rank (the H200 figures: --device cuda --tp 1)")
     parser.add_argument("--repeats", type=int, default=3, help="trials per contender (at least 3)")
     parser.add_argument("--latency-repeats", type=int, default=5)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
@@ -183,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.warm and contender != BASELINE:
                 warm.append(_run_trial(contender, args, cache, repeat, warm=True))
 
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "python": sys.version.split()[0],
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else ""), "python": sys.version.split()[0],
             "torch": torch.__version__, "model": args.model, "layers": args.layers, "tokens": args.tokens, "dtype": args.dtype,
-            "repeats": args.repeats, "ranks": 2, "backend": "gloo", "cache": "empty per trial",
+            "repeats": args.repeats, "ranks": args.tp, "device": args.device, "cache": "empty per trial",
             "target_ratio": TARGET_RATIO}
     summary = _summary(trials)
     if warm:
