@@ -1,4 +1,4 @@
-"""Single-GPU matmul table for the what-if latency model (sp_lab.tuning.simulate).
+"""Single-GPU matmul table for the performance model (sp_lab.tuning.predict.kernels).
 
 On one GPU, for the TP shard shapes of Llama-3-70B (TP=8/4/2) and Llama-3-8B (TP=4/2) and
 M in {1, 2, 4, ..., 16384} total tokens, times (bf16, CUDA-graph replay, median per call):

@@ -5,6 +5,7 @@ that only plots recorded data never pays for Inductor's start-up):
 
 - :class:`LabConfig`, :class:`ConfigError` (``sp_lab.config``)
 - :func:`enable_sp_and_async_tp`, :class:`EffectiveConfig` (``sp_lab.effective``)
+- :class:`BoundaryStrategy` (``LabConfig.boundary``'s values, ``sp_lab.config``)
 - :func:`compile`, :class:`CompiledModel`, :class:`BoundaryError` (``sp_lab.compiler.backend``)
 - :class:`CompileReport` (``sp_lab.compiler.report``; reading one needs no torch)
 - :func:`launch` (``sp_lab.distributed.launch``)
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
     from sp_lab import models
     from sp_lab.compiler.backend import BoundaryError, CompiledModel, compile
     from sp_lab.compiler.report import CompileReport
-    from sp_lab.config import ConfigError, LabConfig
+    from sp_lab.config import BoundaryStrategy, ConfigError, LabConfig
     from sp_lab.distributed.launch import launch
     from sp_lab.effective import EffectiveConfig, enable_sp_and_async_tp
     from sp_lab.widgets.tuner import tune
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "LabConfig": "sp_lab.config",
+    "BoundaryStrategy": "sp_lab.config",
     "EffectiveConfig": "sp_lab.effective",
     "ConfigError": "sp_lab.config",
     "enable_sp_and_async_tp": "sp_lab.effective",
@@ -43,6 +45,7 @@ _EXPORTS = {
 
 __all__ = [
     "BoundaryError",
+    "BoundaryStrategy",
     "CompileReport",
     "CompiledModel",
     "ConfigError",

@@ -11,7 +11,8 @@ Commands:
 ``report``  an HTML report: recommendation first, latency with intervals, regret, what ran, provenance.
 ``replay``  import recorded rows (a parquet / CSV file or another store) as ``source="replayed"``.
 
-Every command reads and writes the same default store (``out/sweeps``) and says which one it used. The
+Every command reads and writes the same default store (``out/sweeps`` in the project: see :mod:`sp_lab.paths`,
+the notebooks and the tuner use the same) and says which one it used. The
 work is done in the library (:mod:`sp_lab.bench`, :mod:`sp_lab.tuning`, :mod:`sp_lab.viz`); this
 module only parses arguments and calls it. Everything heavy (torch, polars, plotly) is imported inside
 the command that needs it, so ``python -m sp_lab --help`` answers at once.
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
     from sp_lab.tuning.policy import Recommendation
 
 DEFAULT_TOKENS = "1,2,4,8,16,32,64,128,256,512"
+_STORE_HELP = (f"sweep store (default {DEFAULT_STORE} in the project: the nearest directory up from here with a "
+               "pyproject.toml or .git; SP_LAB_OUT names another output folder)")
+_OUT_HELP = f"output directory (default {DEFAULT_OUT}/ in the project; SP_LAB_OUT names another)"
 
 
 class CliError(Exception):
@@ -111,7 +115,7 @@ def _add_measure_args(p: argparse.ArgumentParser, *, budget: float | None = None
 
 
 def _add_filter_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", type=Path, default=Path(DEFAULT_STORE), help=f"sweep store (default {DEFAULT_STORE})")
+    p.add_argument("--store", type=Path, default=None, help=_STORE_HELP)
     p.add_argument("--model", default=None, help="only rows of this model")
     p.add_argument("--tp", type=_positive_int, default=None, help="only rows of this tp size")
     p.add_argument("--device-name", default=None, help="only rows measured on this device")
@@ -122,11 +126,21 @@ def _add_filter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-corrupt", action="store_true", help="quarantine unreadable part files and go on")
 
 
-def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
-    from sp_lab.vllm_releases import DEFAULT_RELEASE, RELEASES
+def _vllm_release(text: str) -> str:
+    from sp_lab.vllm_releases import release
 
-    p.add_argument("--vllm-release", choices=list(RELEASES), default=DEFAULT_RELEASE,
-                   help=f"vLLM release the file's vllm section is written for (default {DEFAULT_RELEASE})")
+    try:
+        return release(text).version
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(e.args[0]) from None
+
+
+def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
+    from sp_lab.vllm_releases import DEFAULT_RELEASE
+
+    p.add_argument("--vllm-release", type=_vllm_release, default=None,
+                   help="vLLM release the file's vllm section is written for, e.g. 0.18 or 0.31.0 (default: the "
+                   f"installed vLLM, else the newest known, {DEFAULT_RELEASE})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="sweep, tune, export and report in one go (the README's main job)")
     _add_measure_args(p, budget=60.0)  # keeps `make run` to a few minutes on 2 shared cores
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"output directory (default ./{DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, default=None, help=_OUT_HELP)
     p.add_argument("--store", type=Path, default=None, help="sweep store (default OUT/sweeps; reruns resume)")
     p.add_argument("--no-validate", action="store_true", help="do not measure the tuned config")
     p.add_argument("--cdn", action="store_true", help="load plotly.js from its CDN (smaller, needs internet)")
@@ -152,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure_args(p)
     p.add_argument("--variants", type=_variant_list, default=list(REFERENCE_VARIANTS),
                    help="comma-separated: baseline, sp, sp+async_tp, tuned (default the first three)")
-    p.add_argument("--store", type=Path, default=Path(DEFAULT_STORE), help=f"sweep store (default {DEFAULT_STORE})")
+    p.add_argument("--store", type=Path, default=None, help=_STORE_HELP)
     p.add_argument("--reports-dir", type=Path, default=None, help="save each variant's CompileReport JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -166,12 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=_threshold, default=argparse.SUPPRESS,
                    help="baseline below, sp+async_tp from this token count; 'never' for SP and AsyncTP off "
                    "(default: the recommended policy)")
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"directory for the file (default ./{DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, default=None, help=f"directory for the file (default {DEFAULT_OUT}/ in the project)")
     _add_vllm_arg(p)
 
     p = sub.add_parser("report", help="write an HTML report of the rows")
     _add_filter_args(p)
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_REPORT), help=f"HTML file (default {DEFAULT_REPORT})")
+    p.add_argument("--out", type=Path, default=None, help=f"HTML file (default {DEFAULT_REPORT} in the project)")
     p.add_argument("--compile-report", type=Path, default=None, help="a CompileReport JSON to draw as a graph")
     p.add_argument("--cdn", action="store_true", help="load plotly.js from its CDN (smaller, needs internet)")
     p.add_argument("--force", action="store_true", help="replace --out even if it reports another store's rows")
@@ -183,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="h200", help="h100, h100-hbm2e, h100-pcie, h200, h800 or b200 (default h200)")
     p.add_argument("--dtype", default="bfloat16", help="matmul dtype (bfloat16; float8 once FP8 tables ship)")
     p.add_argument("--tokens", type=_token_list, default=None, help="comma-separated token counts for the curves")
+    p.add_argument("--rule", type=Path, default=None, help="a per-matmul rule JSON for the 'tuned' curve "
+                   "(default: the rule the model implies)")
     p.add_argument("--validate", action="store_true", help="print the model against published multi-GPU figures")
     p.add_argument("--write", type=Path, default=None, help="with --validate: also write the page (docs/predictions.md)")
     p.add_argument("--export-predicted", type=Path, default=None, metavar="DIR",
@@ -190,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="import recorded rows (parquet, CSV or a store) as source='replayed'")
     p.add_argument("source", type=Path, help="a .parquet / .csv file or a store directory")
-    p.add_argument("--store", type=Path, default=Path(DEFAULT_STORE), help=f"destination (default {DEFAULT_STORE})")
+    p.add_argument("--store", type=Path, default=None, help=f"destination (default {DEFAULT_STORE} in the project)")
     return parser
 
 
@@ -244,7 +260,8 @@ def _load_rows(store: Path, *, skip_corrupt: bool = False) -> pl.DataFrame:
     except CorruptPartError as e:
         raise CliError(str(e).replace("read(skip_corrupt=True) (CLI: --skip-corrupt)", "--skip-corrupt")) from e
     if df.height == 0:
-        raise CliError(f"the sweep store {store} has no rows yet")
+        raise CliError(f"the sweep store {store} has no rows yet: run a sweep first, e.g. "
+                       f"`python -m sp_lab sweep --store {store} --model toy --tp 2` (or `make run`)")
     print(f"rows: {df.height} from {store}")
     return df
 
@@ -273,18 +290,13 @@ def _one_group(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
-    """Rows of ``source``, else the measured rows, else the replayed ones (others only when named)."""
-    import polars as pl
+    """Rows of ``source``, else the measured rows, else the replayed ones (others only when named: --source)."""
+    from sp_lab.tuning.regret import one_source
 
-    present = sorted(df["source"].unique().to_list())
-    if source is None:
-        source = next((s for s in TUNABLE_SOURCES if s in present), None)
-        if source is None:
-            raise CliError(f"no measured or replayed rows (sources here: {present}); pass --source "
-                           f"{' or --source '.join(present)} to tune on those rows")
-    if source not in present:
-        raise CliError(f"no rows with source={source!r}; sources here: {present}")
-    return df.filter(pl.col("source") == source)
+    try:
+        return one_source(df, source, prefer=TUNABLE_SOURCES, option="--source ")
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def _recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:
@@ -330,7 +342,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from sp_lab.tuning.export import export_config, threshold_text
+    from sp_lab.tuning.export import describe_file, export_config
     from sp_lab.tuning.policy import Policy
     from sp_lab.vocabulary import BASELINE, SP_ASYNC_TP
 
@@ -344,7 +356,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         config = rec.config
     path = export_config(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
                          vllm_release=args.vllm_release)
-    print(f"tuned config ({Policy.of(config).name}; async_tp_min_tokens={threshold_text(config)}) -> {path}")
+    print(describe_file(path))
     return 0
 
 
@@ -382,7 +394,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sp_lab.tuning.policy import Policy
 
     out: Path = args.out
-    store = args.store or out / "sweeps"
+    store = args.store or out / Path(DEFAULT_STORE).relative_to(DEFAULT_OUT)
     reports = out / "compile_reports"
     config = _base_config(args)
     print(f"[1/5] sweep {', '.join(REFERENCE_VARIANTS)} interleaved: {args.model}, tp={args.tp}, "
@@ -404,16 +416,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         _sweep(args, store=store, variants=[TUNED], config=tuned, reports_dir=reports, progress=True)
     if not _is_rank0():
         return 0
-    from sp_lab.tuning.export import export_config
+    from sp_lab.tuning.export import describe_file, export_config
     from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _one_group(_one_source(_load_rows(store), MEASURED))
     path = export_config(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
                          vllm_release=args.vllm_release)
-    print(f"[4/5] tuned config -> {path}")
+    print(f"[4/5] {describe_file(path)}")
     overview = reports / "sp+async_tp.json"
     try:
-        html_path = write_report(df, out / "report.html", store=store, recommendation=rec,
+        html_path = write_report(df, out / Path(DEFAULT_REPORT).relative_to(DEFAULT_OUT), store=store, recommendation=rec,
                                  compile_report=overview if overview.exists() else None,
                                  include_plotlyjs="cdn" if args.cdn else True, overwrite=args.force)
     except ReportOverwriteError as e:
@@ -439,15 +451,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from sp_lab.tuning.predict import advice, validation
 
     if args.validate:
+        from sp_lab.tuning.predict.measured import tp1_comparison, tp1_markdown
+
         table = validation.validation_table()
         print(validation.validation_markdown(table))
+        print("Beside measured rows of the same setup:\n")
+        print(tp1_markdown(tp1_comparison()))
         if args.write is not None:
             args.write.parent.mkdir(parents=True, exist_ok=True)
             args.write.write_text(validation.predictions_page(table))
             print(f"wrote {args.write}")
         return 0
     try:
-        kwargs = {"tokens": args.tokens} if args.tokens else {}
+        kwargs: dict[str, Any] = {"tokens": args.tokens} if args.tokens else {}
+        if args.rule is not None:
+            from sp_lab.rules import MatmulRule
+
+            kwargs["rule"] = MatmulRule.from_json(args.rule)
         prediction = advice.predict(args.model, args.tp, args.gpu, dtype=args.dtype, **kwargs)
     except ValueError as e:
         raise CliError(str(e)) from e
@@ -465,12 +485,30 @@ COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "tune": cmd_tune, "export": cmd_
             "replay": cmd_replay, "predict": cmd_predict}
 
 
+def _fill_default_paths(args: argparse.Namespace) -> None:
+    """The project's output folder, store and report (:mod:`sp_lab.paths`) where the command line named none."""
+    from sp_lab.paths import default_out, default_report, default_store
+
+    if getattr(args, "out", False) is None:
+        args.out = default_report() if args.command == "report" else default_out()
+    if getattr(args, "store", False) is None and args.command != "run":  # run: OUT/sweeps
+        args.store = default_store()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sp_lab`` / ``sp-lab``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    _fill_default_paths(args)
     try:
         return COMMANDS[args.command](args)
     except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        from sp_lab.models.registry import UnknownModelError  # imported late: the registry reads presets
+
+        if not isinstance(e, UnknownModelError):
+            raise  # a crash, not a typo: keep its traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:

@@ -3,15 +3,14 @@
 What will really run here is :mod:`sp_lab.effective`'s job; the two are kept apart on purpose
 (docs/vllm-config.md).
 
-This module imports torch only inside :func:`export_tuned_config`, so loading and editing configs
-(a notebook that only reads results) stays cheap.
+This module imports no torch, so loading and editing configs (a notebook that only reads results) stays
+cheap. Writing a tuned config with its provenance is :mod:`sp_lab.tuning.export`'s job.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import datetime
 import difflib
 import enum
 import functools
@@ -32,10 +31,7 @@ __all__ = [
     "BoundaryStrategy",
     "ConfigError",
     "LabConfig",
-    "export_tuned_config",
     "load_tuned_config",
-    "tuned_config_filename",
-    "vllm_sp_min_token_num",
 ]
 
 CompileMode = Literal["piecewise", "full_graph"]
@@ -43,6 +39,8 @@ HeuristicDefault = Literal["fuse", "no_fuse"]
 CudaGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
 
 SCHEMA = "sp_lab.config/1"
+DERIVED_SECTIONS = ("vllm", "model_sp", "torch_compile")
+"""Sections of a tuned-config file derived from the ``sp_lab`` section (and the rows): written, never read back."""
 
 # "namespace::op" with an optional overload ("aten::mm.default"), as torch.library names ops.
 _QUALIFIED_OP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -375,45 +373,46 @@ class LabConfig:
     def to_vllm(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
         """This config as a vLLM ``--compilation-config`` object for vLLM release ``version``.
 
-        Only field names that release accepts are written (:mod:`sp_lab.vllm_releases` holds the lists,
-        read from vLLM's ``vllm/config/compilation.py``), plus what makes SP run there: the whole graph
-        in one piece (``splitting_ops: []``; a piece-wise graph gets no SP), the threshold as the
-        release can express it (``sp_min_token_num`` and a compile-range boundary, or, before
-        ``sp_min_token_num`` existed, static ``compile_sizes`` from the threshold on) and a
-        CUDA-graph mode that works without piece boundaries (full graphs for decode batches).
-        sp_lab's ``boundary`` and per-matmul ``heuristic`` have no vLLM equivalent; they stay in the
-        file's ``sp_lab`` section. A policy vLLM cannot run (SP before AsyncTP at a second threshold)
-        raises :class:`ConfigError`, as does an unknown ``version`` (the message lists the known ones).
+        :func:`sp_lab.vllm_releases.vllm_export` writes it from the release table (field names, what gates SP
+        there, CUDA-graph modes; read from each release's wheel). A policy the release cannot run (a token
+        threshold before 0.17, anything with SP from 0.32, SP before AsyncTP at a second threshold) raises
+        :class:`ConfigError` with the reason, as does an unknown ``version`` (the message lists the known ones).
         """
-        from sp_lab.vllm_releases import NotExpressible, compilation_config
-
-        try:
-            return compilation_config(self, version)
-        except (KeyError, NotExpressible) as e:
-            raise ConfigError(f"to_vllm: {e.args[0]}") from None
+        export = self._vllm_export(version)
+        if export.compilation_config is None:
+            raise ConfigError(f"to_vllm: {export.not_expressible}; the closest vLLM {export.release.version} can "
+                              f"run: {', '.join(export.closest)}")
+        return export.compilation_config
 
     def vllm_section(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
-        """The exported file's ``vllm`` section: the release and its ``--compilation-config`` object, or
-        why this config cannot be expressed for it (``not_expressible``)."""
-        from sp_lab.vllm_releases import NotExpressible, compilation_config
+        """The exported file's ``vllm`` section: the release, what the config does there and its
+        ``--compilation-config`` object, or why this release cannot express it (``not_expressible``) and the
+        closest choices it can."""
+        return self._vllm_export(version).to_dict()
+
+    def _vllm_export(self, version: str):
+        from sp_lab.vllm_releases import vllm_export
 
         try:
-            return {"release": version, "compilation_config": compilation_config(self, version)}
-        except NotExpressible as e:
-            return {"release": version, "not_expressible": e.args[0]}
+            return vllm_export(self, version)
         except KeyError as e:
-            raise ConfigError(f"vllm_section: {e.args[0]}") from None
+            raise ConfigError(f"vLLM release: {e.args[0]}") from None
 
     def to_json(self, path: str | Path | None = None, *, provenance: dict[str, Any] | None = None,
-                vllm_release: str = DEFAULT_VLLM_RELEASE) -> str:
+                vllm_release: str = DEFAULT_VLLM_RELEASE, sections: dict[str, Any] | None = None) -> str:
         """The tuned-config file as JSON text; also written to ``path`` when given.
 
         ``{"schema": "sp_lab.config/1", "vllm": vllm_section(), "sp_lab": to_dict(), "provenance": {...}}``
-        (``provenance`` only when given). The ``vllm`` section is derived; :meth:`from_json` reads
-        ``sp_lab`` and checks that ``vllm`` still agrees with it.
+        (``provenance`` only when given). ``sections`` replaces or adds derived sections (the exporter's
+        ``vllm`` section with regrets, ``model_sp``, ``torch_compile``). The ``vllm`` section is derived;
+        :meth:`from_json` reads ``sp_lab`` and checks that ``vllm`` still agrees with it.
         """
         doc: dict[str, Any] = {"schema": SCHEMA, "vllm": self.vllm_section(vllm_release),
                                "sp_lab": self.to_dict()}
+        unknown = set(sections or {}) - set(DERIVED_SECTIONS)
+        if unknown:
+            raise ConfigError(f"sections: {sorted(unknown)} are not sections of the file; known: {DERIVED_SECTIONS}")
+        doc.update(sections or {})
         if provenance is not None:
             doc["provenance"] = provenance
         text = json.dumps(doc, indent=2) + "\n"
@@ -437,18 +436,21 @@ def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, An
         return LabConfig.from_dict(doc), {}
     if doc["schema"] != SCHEMA:
         raise ConfigError(f"schema: expected {SCHEMA!r}, got {doc['schema']!r}")
-    unknown = set(doc) - {"schema", "vllm", "sp_lab", "provenance"}
+    unknown = set(doc) - {"schema", "sp_lab", "provenance", *DERIVED_SECTIONS}
     if unknown:
         raise ConfigError(
-            f"unknown top-level keys {sorted(unknown)}; expected schema, vllm, sp_lab, provenance"
+            f"unknown top-level keys {sorted(unknown)}; expected schema, sp_lab, provenance, {', '.join(DERIVED_SECTIONS)}"
         )
     if "sp_lab" not in doc:
         raise ConfigError("sp_lab: missing; the 'sp_lab' section holds the LabConfig fields")
     config = LabConfig.from_dict(doc["sp_lab"])
-    # A vllm section without "release" was written before sections named their vLLM release; it is
-    # derived from sp_lab and its field names fit no release, so it is not checked.
-    if isinstance(doc.get("vllm"), dict) and "release" in doc["vllm"]:
-        for path, got, want in _diff(doc["vllm"], config.vllm_section(str(doc["vllm"]["release"])), "vllm"):
+    # The vllm section is derived from sp_lab: its vLLM object (or reason) must still follow from it. Files
+    # written before sections named an exact release ("0.11", "2026.03" or none) are not checked.
+    section = doc.get("vllm")
+    if isinstance(section, dict) and str(section.get("release")) in _known_releases():
+        derived = config.vllm_section(str(section["release"]))
+        keys = ("compilation_config", "not_expressible")
+        for path, got, want in _diff({k: section.get(k) for k in keys}, {k: derived.get(k) for k in keys}, "vllm"):
             raise ConfigError(
                 f"{path}: the file says {got!r} but its sp_lab section gives {want!r}; the vllm section is "
                 "derived from sp_lab -- edit the sp_lab section (or delete the vllm section)"
@@ -459,81 +461,13 @@ def load_tuned_config(path_or_text: str | Path) -> tuple[LabConfig, dict[str, An
     return config, provenance
 
 
-# -- exported tuned configs ---------------------------------------------------------------------------
-
-
-def tuned_config_filename(*, device_name: str, tp_size: int, model: str, dtype: str) -> str:
-    """``device_name=NVIDIA_H200,tp=2,model=llama-3-8b,dtype=bfloat16.json`` (vLLM's fused-MoE naming)."""
-    parts = {"device_name": device_name, "tp": str(tp_size), "model": model, "dtype": dtype}
-    # Keep names portable: spaces (vLLM does the same for device names), '/', ',' and '=' become '_'.
-    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._-]+', '_', v)}" for k, v in parts.items()) + ".json"
-
-
-def export_tuned_config(
-    config: LabConfig,
-    *,
-    directory: str | Path,
-    device_name: str,
-    model_spec: dict[str, Any],
-    dtype: Any,
-    data_hash: str,
-    extra_provenance: dict[str, Any] | None = None,
-    vllm_release: str = DEFAULT_VLLM_RELEASE,
-) -> Path:
-    """Write ``config`` as one JSON file per device, TP size, model shape and dtype; return its path.
-
-    ``model_spec``: ``ModelSpec.to_dict()`` (needs a ``"name"``); ``dtype``: ``torch.bfloat16`` or
-    ``"bfloat16"``; ``data_hash``: hash of the benchmark rows the config was tuned on.
-    """
-    import torch
-
-    if hasattr(model_spec, "to_dict"):
-        model_spec = model_spec.to_dict()
-    if not isinstance(model_spec, dict) or not model_spec.get("name"):
-        raise ConfigError(
-            f"model_spec: expected a dict with a 'name' (ModelSpec.to_dict()), got {model_spec!r:.80}"
-        )
-    dtype_name = str(dtype).removeprefix("torch.")
-    provenance = {
-        "device": device_name,
-        "tp_size": config.tp_size,
-        "model": model_spec,
-        "dtype": dtype_name,
-        "torch": torch.__version__,
-        "data_hash": data_hash,
-        "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-    clash = set(extra_provenance or {}) & set(provenance)
-    if clash:
-        raise ConfigError(f"extra_provenance: keys {sorted(clash)} are set by export_tuned_config itself")
-    provenance.update(extra_provenance or {})
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = tuned_config_filename(
-        device_name=device_name, tp_size=config.tp_size, model=str(model_spec["name"]), dtype=dtype_name
-    )
-    path = directory / name
-    config.to_json(path, provenance=provenance, vllm_release=vllm_release)
-    return path
-
-
-def vllm_sp_min_token_num(
-    hidden_size: int, dtype_bytes: int, tp_size: int, device_capability: tuple[int, int] = (9, 0)
-) -> int | None:
-    """vLLM's default SP token threshold (docs/thresholds.md), for comparison with a tuned one.
-
-    ``min_tokens = MB * tp * 2**20 // (hidden * bytes)``: SP turns on once one rank's share of the
-    activation reaches MB MiB, with MB = 8 on Hopper (sm90) and 32 on Blackwell (sm100). Returns
-    ``None`` (SP off) when ``hidden_size < 8192`` or for a device family the rule does not cover.
-    Llama-70B (hidden 8192) in bf16 on Hopper: 1024 at TP=2, 2048 at TP=4, 4096 at TP=8.
-    """
-    mib_by_major = {9: 8, 10: 32}
-    if hidden_size < 8192 or device_capability[0] not in mib_by_major:
-        return None
-    return mib_by_major[device_capability[0]] * tp_size * 2**20 // (hidden_size * dtype_bytes)
-
-
 # -- validation helpers ------------------------------------------------------------------------------
+
+
+def _known_releases() -> dict:
+    from sp_lab.vllm_releases import releases
+
+    return releases()
 
 
 @functools.cache

@@ -1,197 +1,333 @@
-"""vLLM's ``--compilation-config`` field names, per release, as read from vLLM's own source.
+"""What each vLLM release does with a ``--compilation-config``, and sp_lab's config written for it.
 
-vLLM's ``CompilationConfig`` and ``PassConfig`` are pydantic dataclasses that reject unknown fields, and
-the fields SP and AsyncTP need were renamed between releases. :meth:`sp_lab.config.LabConfig.to_vllm`
-therefore writes only names listed here for the release asked for, and a test checks every exported
-object against these lists. Each entry records the file and the snapshot it was read from; only fields a
-user can pass (``init=True``) are listed.
+The facts come from the release table ``data/vllm/releases.json``, read from every release's own
+wheel from 0.11.0 to the newest on the package index (``benchmarks/vllm_releases/read_releases.py``: each
+release's ``vllm/config/compilation.py`` imported with pydantic, its SP pass and model SP helpers parsed;
+every entry names the wheel and the file). What gates SP (``VllmRelease.sp_gate``):
 
-How SP is made to run differs per release (what ``to_vllm`` relies on, from the same files):
+- ``static_sizes`` (0.11.0): the SP pass applies only to static ``compile_sizes`` that tp divides, so SP
+  runs at those exact token counts and nowhere else: a token threshold cannot be written.
+- ``every_size`` (0.11.1-0.16): with ``splitting_ops: []`` SP and AsyncTP run at every token count (without
+  it only at static sizes): no token gate, so only "never" and "always" can be written.
+- ``sp_min_token_num`` (0.17-0.31): ``pass_config.sp_min_token_num`` gates SP, and with it AsyncTP (which
+  only fuses SP's collectives); vLLM splits the compile ranges at ``sp_min_token_num - 1`` itself. The range
+  field is ``compile_ranges_split_points`` in 0.17, ``compile_ranges_endpoints`` from 0.18;
+  ``splitting_ops: []`` is needed up to 0.19 (from 0.20 vLLM empties it itself when SP is on).
+- ``removed`` (0.32 on): the SP and AsyncTP compile passes are gone, and so are their fields (a config naming
+  them is rejected). SP lives in model code (``vllm/models/common/ops/sequence_parallel.py``): see
+  :mod:`sp_lab.tuning.model_sp` for the per-matmul table a model author uses there.
 
-- ``"0.11"``: ``pass_config.enable_sequence_parallelism`` / ``enable_async_tp``; no token threshold and no
-  compile ranges: the SP pass applies to static compile sizes divisible by tp only, so the threshold is
-  expressed as ``compile_sizes`` (capture sizes and powers of two from it on that tp divides).
-- ``"0.12"``: renamed to ``enable_sp`` / ``fuse_gemm_comms``; ``compile_ranges_split_points`` exists, but
-  no SP token threshold yet, so again ``compile_sizes`` carry it; the split point separates the ranges.
-- ``"2026.03"``: ``pass_config.sp_min_token_num`` gates SP by token count, and the compile ranges are
-  ``compile_ranges_endpoints`` (the renamed ``compile_ranges_split_points``).
-
-In every release SP and AsyncTP need the whole graph in one piece (``splitting_ops: []``), because the
-pass skips a piece that is not the whole layer stack.
+:func:`vllm_export` writes a :class:`~sp_lab.config.LabConfig` for one release: the ``--compilation-config``
+object where the release can run the policy (SP exactly where the policy runs it), else ``not_expressible``
+with the reason and the expressible policies closest to it. The CUDA-graph mode the user chose is kept; it is
+never switched on (``cudagraph_mode`` is always written: vLLM's default would capture graphs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import json
+import shlex
+from functools import cache
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Literal
+
+from sp_lab.resources import DATA_DIR
+from sp_lab.vocabulary import NEVER
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
 
+__all__ = ["ALWAYS", "DEFAULT_RELEASE", "NotExpressible", "VllmExport", "VllmRelease", "installed_release",
+           "release", "releases", "unknown_fields", "vllm_export", "vllm_sp_min_token_num"]
+
+RELEASES_FILE = DATA_DIR / "vllm" / "releases.json"
+"""The release table, read from each release's wheel."""
+
+SpGate = Literal["static_sizes", "every_size", "sp_min_token_num", "removed"]
+ALWAYS = "always"
+"""The policy that runs SP (+ AsyncTP) at every token count, a fallback where a threshold cannot be written."""
+
 
 @dataclasses.dataclass(frozen=True)
 class VllmRelease:
-    """The ``--compilation-config`` fields one vLLM release accepts, and where they were read."""
+    """What one vLLM release accepts in ``--compilation-config`` and what gates SP there (read from its wheel)."""
 
-    name: str
-    """The name ``LabConfig.to_vllm(version=...)`` takes."""
-    source: str
-    """File, repository snapshot and the evidence for the release it belongs to."""
+    version: str
+    wheel: str
+    """The wheel the facts were read from."""
+    config_file: str
+    """The file the config classes were imported from (``vllm/config/compilation.py``)."""
     compilation_fields: frozenset[str]
     """``CompilationConfig`` fields a user may set."""
     pass_fields: frozenset[str]
     """``PassConfig`` fields a user may set."""
-    sp_flag: str
-    """The ``PassConfig`` field that turns SP on."""
-    async_tp_flag: str
-    """The ``PassConfig`` field that turns AsyncTP (GEMM + collective fusion) on."""
+    unknown_keys: Literal["rejected", "dropped"]
+    """What ``TypeAdapter(CompilationConfig).validate_json`` does with a key the release does not know."""
     mode_field: str
-    """``"level"`` or ``"mode"``: how the release names "compile with vLLM's backend" (value 3)."""
+    """``"level"`` (0.11.0) or ``"mode"``: how the release names "compile with vLLM's backend" (value 3)."""
+    sp_flag: str | None
+    """The ``PassConfig`` field that turns SP on (``None``: the pass is gone)."""
+    async_tp_flag: str | None
+    """The ``PassConfig`` field that turns AsyncTP (GEMM + collective fusion) on."""
     sp_threshold_field: str | None
-    """``PassConfig`` field gating SP by token count, or ``None`` (the threshold goes into compile sizes)."""
+    """``PassConfig`` field gating SP by token count, or ``None``."""
     ranges_field: str | None
-    """``CompilationConfig`` field that splits compile ranges, or ``None``."""
+    """``CompilationConfig`` field adding compile-range boundaries, or ``None``."""
+    cudagraph_modes: tuple[str, ...]
+    """``CUDAGraphMode`` names."""
+    sp_gate: SpGate
+    """What decides at which token counts SP runs (module docstring)."""
+    sp_gate_file: str
+    """The SP pass file and method the gate was read from."""
+    splitting_ops_empty_needed: bool | None
+    """Whether SP needs ``splitting_ops: []`` written by the user (``None``: no SP pass)."""
+    sp_threshold_rule: dict[str, Any] | None
+    """vLLM's built-in ``sp_min_token_num`` default: ``min_hidden_size`` and ``min_per_gpu_size_mb`` by device
+    capability (``"90"``, ``"100"``) and the file."""
+    model_sp: dict[str, Any] | None
+    """The model-level SP helpers of ``vllm/models/common/ops/sequence_parallel.py``, where present."""
+
+    @property
+    def minor(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VllmRelease:
+        sets = {"compilation_fields": frozenset(d["compilation_fields"]), "pass_fields": frozenset(d["pass_fields"]),
+                "cudagraph_modes": tuple(d["cudagraph_modes"])}
+        return cls(**{**d, **sets})
 
 
-_COMMON_COMPILATION = frozenset({
-    "mode", "debug_dump_path", "cache_dir", "compile_cache_save_format", "backend", "custom_ops",
-    "splitting_ops", "compile_mm_encoder", "compile_sizes", "inductor_compile_config", "inductor_passes",
-    "cudagraph_mode", "cudagraph_num_of_warmups", "cudagraph_capture_sizes", "cudagraph_copy_inputs",
-    "cudagraph_specialize_lora", "use_inductor_graph_partition", "pass_config", "max_cudagraph_capture_size",
-})
-
-RELEASES: dict[str, VllmRelease] = {
-    r.name: r
-    for r in (
-        VllmRelease(
-            name="0.11",
-            source="vllm/config/compilation.py of the 0.11 release line (its notes deprecate `level` for "
-            "'0.12.0 or 0.11.2' and `use_inductor` for 'v0.12.0'); PassConfig still spells "
-            "enable_sequence_parallelism / enable_async_tp",
-            compilation_fields=_COMMON_COMPILATION
-            | {"level", "use_inductor", "use_cudagraph", "full_cuda_graph"},
-            pass_fields=frozenset({
-                "enable_fusion", "enable_attn_fusion", "enable_noop", "enable_sequence_parallelism",
-                "enable_async_tp", "enable_fi_allreduce_fusion", "fi_allreduce_fusion_max_size_mb",
-                "enable_qk_norm_rope_fusion",
-            }),
-            sp_flag="enable_sequence_parallelism",
-            async_tp_flag="enable_async_tp",
-            mode_field="level",  # a field in 0.11.0, an accepted deprecated alias of `mode` in 0.11.1
-            sp_threshold_field=None,
-            ranges_field=None,
-        ),
-        VllmRelease(
-            name="0.12",
-            source="vllm/config/compilation.py at vllm-project/vllm@002284db4c87 (PassConfig with the "
-            "renamed enable_sp / fuse_gemm_comms, as the 0.12.0 docs' optimization levels spell them; "
-            "compile_ranges_split_points present; no sp_min_token_num)",
-            compilation_fields=_COMMON_COMPILATION
-            | {"level", "compile_ranges_split_points", "dynamic_shapes_config"},
-            pass_fields=frozenset({
-                "fuse_norm_quant", "fuse_act_quant", "fuse_attn_quant", "eliminate_noops", "enable_sp",
-                "fuse_gemm_comms", "fuse_allreduce_rms", "fi_allreduce_fusion_max_size_mb",
-                "enable_qk_norm_rope_fusion",
-            }),
-            sp_flag="enable_sp",
-            async_tp_flag="fuse_gemm_comms",
-            mode_field="mode",
-            sp_threshold_field=None,
-            ranges_field="compile_ranges_split_points",
-        ),
-        VllmRelease(
-            name="2026.03",
-            source="vllm/config/compilation.py after compile_ranges_split_points was renamed "
-            "compile_ranges_endpoints (March 2026; tlparse PR #175 follows the rename), read from a "
-            "public copy of the file; PassConfig has sp_min_token_num, `level` is gone",
-            compilation_fields=_COMMON_COMPILATION
-            | {"compile_ranges_endpoints", "dynamic_shapes_config"},
-            pass_fields=frozenset({
-                "fuse_norm_quant", "fuse_act_quant", "fuse_attn_quant", "eliminate_noops", "enable_sp",
-                "fuse_gemm_comms", "fuse_allreduce_rms", "enable_qk_norm_rope_fusion", "fuse_act_padding",
-                "fuse_rope_kvcache", "rope_kvcache_fusion_max_token_num", "fi_allreduce_fusion_max_size_mb",
-                "sp_min_token_num",
-            }),
-            sp_flag="enable_sp",
-            async_tp_flag="fuse_gemm_comms",
-            mode_field="mode",
-            sp_threshold_field="sp_min_token_num",
-            ranges_field="compile_ranges_endpoints",
-        ),
-    )
-}
-"""Every release ``to_vllm`` can write for, by name."""
-
-DEFAULT_RELEASE = "2026.03"
-"""The release an exported file's ``vllm`` section targets unless told otherwise."""
-
-CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-"""vLLM's ``CUDAGraphMode`` names (the same in all three releases)."""
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
-def release(name: str) -> VllmRelease:
-    """The release called ``name``; an unknown name is an error listing the known ones."""
-    if name not in RELEASES:
-        raise KeyError(
-            f"unknown vLLM release {name!r}; known: {', '.join(RELEASES)} (field lists vendored in "
-            "sp_lab/vllm_releases.py)"
-        )
-    return RELEASES[name]
+@cache
+def releases() -> dict[str, VllmRelease]:
+    """Every release in the table, oldest first, by version (``"0.18.1"``)."""
+    rows = json.loads(RELEASES_FILE.read_text())["releases"]
+    table = sorted((VllmRelease.from_dict(r) for r in rows), key=lambda r: _version_key(r.version))
+    return {r.version: r for r in table}
 
 
-def unknown_fields(compilation_config: dict, name: str) -> list[str]:
-    """Keys of a ``--compilation-config`` object (and its ``pass_config``) that release ``name`` rejects."""
-    rel = release(name)
+DEFAULT_RELEASE = next(reversed(releases()))
+"""The newest release in the table: what an export targets unless told otherwise (or vLLM is installed)."""
+
+
+def release(version: str) -> VllmRelease:
+    """The release ``version`` names: an exact version, a minor (``"0.18"``: its newest patch in the table), or a
+    newer version than the table knows (the newest known, which it then behaves as until the table is re-read).
+    Anything else is a ``KeyError`` listing the known minors."""
+    table = releases()
+    if version in table:
+        return table[version]
+    matches = [r for r in table.values() if r.minor == version or r.version.startswith(version + ".")]
+    if matches:
+        return matches[-1]
+    newest = table[DEFAULT_RELEASE]
+    try:
+        newer = _version_key(version) > _version_key(newest.version)
+    except ValueError:
+        newer = False
+    if newer:
+        return newest
+    minors = sorted({r.minor for r in table.values()}, key=_version_key)
+    raise KeyError(f"unknown vLLM release {version!r}; known: {', '.join(minors)} (read from each release's wheel "
+                   f"into {RELEASES_FILE.name}; releases before 0.11 have other config classes)")
+
+
+def installed_release() -> str | None:
+    """The version of the vLLM installed here (read from its package metadata, vLLM is not imported), or ``None``."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def unknown_fields(compilation_config: dict, version: str) -> list[str]:
+    """Keys of a ``--compilation-config`` object (and its ``pass_config``) that release ``version`` does not know."""
+    rel = release(version)
     bad = [k for k in compilation_config if k not in rel.compilation_fields]
     bad += [f"pass_config.{k}" for k in compilation_config.get("pass_config", {}) if k not in rel.pass_fields]
     return bad
 
 
-class NotExpressible(ValueError):
-    """A config vLLM cannot run as sp_lab does (the message says why and what to do)."""
+def vllm_sp_min_token_num(hidden_size: int, dtype_bytes: int, tp_size: int, device_capability: tuple[int, int] = (9, 0),
+                          *, version: str | None = None) -> int | None:
+    """vLLM's built-in SP token threshold (``sp_min_token_num`` when the user sets none), for comparison.
 
-
-def compilation_config(config: LabConfig, name: str) -> dict[str, Any]:
-    """``config`` as a ``--compilation-config`` object for release ``name`` (see ``LabConfig.to_vllm``).
-
-    Raises ``KeyError`` for an unknown release and :class:`NotExpressible` for a policy vLLM cannot run.
+    ``MB * tp * 2**20 // (hidden * bytes)``: SP from the token count at which one rank's share of the activation
+    reaches MB MiB; MB and the smallest hidden size by device capability come from the release table (8 MiB on
+    sm90, 32 on sm100 where listed, hidden size >= 8192). ``None``: SP off (small model, device not listed).
+    ``version``: a release with the rule (default the newest that has it). Llama-70B in bf16 on Hopper: 1024 at
+    TP=2, 2048 at TP=4, 4096 at TP=8.
     """
-    rel = release(name)
+    if version is None:
+        rule = next(r.sp_threshold_rule for r in reversed(releases().values()) if r.sp_threshold_rule)
+    else:
+        rule = release(version).sp_threshold_rule
+        if rule is None:
+            raise ValueError(f"vLLM {release(version).version} has no sp_min_token_num default (its SP gate: "
+                             f"{release(version).sp_gate}); pick a release from 0.17 to 0.31")
+    key = str(device_capability[0] * 10 + device_capability[1])
+    mb, min_hidden = rule["min_per_gpu_size_mb"].get(key), rule["min_hidden_size"].get(key)
+    if mb is None or min_hidden is None or hidden_size < min_hidden:
+        return None
+    return int(mb * tp_size * 2**20 // (hidden_size * dtype_bytes))
+
+
+class NotExpressible(ValueError):
+    """A config a vLLM release cannot run as sp_lab does (the message says why and what to do)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmExport:
+    """A config written for one vLLM release: the ``--compilation-config`` object, or why there is none."""
+
+    release: VllmRelease
+    policy: str
+    """The policy's name (``"never"``, ``"baseline -> sp+async_tp @ 256"``, ...)."""
+    compilation_config: dict[str, Any] | None
+    """The object for ``vllm serve --compilation-config``; ``None`` when not expressible."""
+    not_expressible: str | None
+    """Why this release cannot run the policy (``None`` when it can)."""
+    closest: dict[str, dict[str, Any]]
+    """Where not expressible: the expressible policies nearest to it (``"never"``, ``"always"``), each with its
+    ``compilation_config``; :func:`sp_lab.tuning.export.vllm_section` adds their regret on the measured rows."""
+    does: str
+    """What the object does in this release, in words."""
+    notes: tuple[str, ...] = ()
+    """What changed on the way (a CUDA-graph mode vLLM cannot keep beside SP, a per-matmul rule left out)."""
+
+    def serve_line(self, model: str = "MODEL", tp_size: int | None = None, *, choice: str | None = None) -> str:
+        """The ``vllm serve`` command that applies it; when not expressible, that of the closest choice named
+        ``choice`` (default the first, ``"never"``)."""
+        config = self.compilation_config
+        if config is None:
+            if not self.closest:
+                return ""
+            config = self.closest[choice or next(iter(self.closest))]["compilation_config"]
+        tp = f" --tensor-parallel-size {tp_size}" if tp_size else ""
+        return f"vllm serve {model}{tp} --compilation-config {shlex.quote(json.dumps(config, separators=(',', ':')))}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The exported file's ``vllm`` section (without the closest choices' regret, which needs rows)."""
+        out: dict[str, Any] = {"release": self.release.version, "does": self.does}
+        if self.compilation_config is not None:
+            out["compilation_config"] = self.compilation_config
+        else:
+            out["not_expressible"] = self.not_expressible
+            out["closest"] = {k: dict(v) for k, v in self.closest.items()}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+
+def vllm_export(config: LabConfig, version: str = DEFAULT_RELEASE) -> VllmExport:
+    """``config`` written for vLLM ``version`` (:class:`VllmExport`); ``KeyError`` for an unknown release."""
+    from sp_lab.programs import Policy
+
+    rel = release(version)
+    policy = Policy.of(config).name
     sp = config.enable_sp and config.tp_size > 1
     fused = sp and config.enable_async_tp
-    if fused and config.sp_start < config.async_tp_min_tokens:
-        raise NotExpressible(
-            f"SP starts at {config.sp_start} tokens and AsyncTP at {config.async_tp_min_tokens}, but vLLM "
-            f"{name} fuses GEMMs with collectives wherever SP runs (one gate for both); export a "
-            "single-threshold policy (sp_min_tokens=None) or keep this config to sp_lab"
-        )
-    out: dict[str, Any] = {rel.mode_field: 3, "pass_config": {rel.sp_flag: sp, rel.async_tp_flag: fused}}
-    # LabConfig.cudagraph_mode ("none", "piecewise", "full", "full_and_piecewise") names vLLM's CUDAGraphMode
-    graphs = getattr(config, "cudagraph_mode", None)
-    if not sp:
-        if graphs not in (None, "none"):
-            out["cudagraph_mode"] = graphs.upper()
-        return out
     start = config.sp_start
-    out["splitting_ops"] = []
-    # Piece-wise CUDA graphs would need piece boundaries: full graphs for every batch where sp_lab measured
-    # its "full" mode, else for decode batches.
-    out["cudagraph_mode"] = "FULL" if graphs == "full" else "FULL_DECODE_ONLY"
-    if rel.sp_threshold_field is not None:
-        out["pass_config"][rel.sp_threshold_field] = start
-    else:
-        # The SP pass of these releases runs only on static compile sizes that tp divides: the capture
-        # sizes (padded decode batches) and powers of two up to max_num_tokens (full prefill chunks).
-        top = config.max_num_tokens
-        ladder = {*config.resolved_capture_sizes(), top, *(2**k for k in range(top.bit_length()) if 2**k <= top)}
-        sizes = sorted(s for s in ladder if s >= start and s % config.tp_size == 0)
-        if not sizes:
-            raise NotExpressible(
-                f"vLLM {name} runs SP only at static compile sizes that tp={config.tp_size} divides, and none "
-                f"from {start} to max_num_tokens={top} is; raise max_num_tokens or add cudagraph_capture_sizes "
-                "that tp divides"
-            )
-        out["compile_sizes"] = sizes
-    if rel.ranges_field is not None and start > 1:
-        out[rel.ranges_field] = [start - 1]  # vLLM's ranges are [1, p], [p + 1, ...]
+    graphs, graph_note = _cudagraph_mode(config, whole_graph=sp)
+    notes = (graph_note,) if graph_note else ()
+    if sp and fused and config.heuristic is not None:
+        notes += ("the per-matmul fusion rule stays in the sp_lab section: vLLM fuses every matmul SP exposes",)
+    reason = None
+    if not sp:
+        return VllmExport(rel, policy, _never(rel, graphs), None, {}, _does_never(rel, graphs), notes)
+    if fused and start < config.async_tp_min_tokens:
+        reason = (f"SP starts at {start} tokens and AsyncTP at {config.async_tp_min_tokens}, but vLLM fuses GEMMs "
+                  "with collectives wherever SP runs (one gate for both)")
+    elif rel.sp_gate == "removed":
+        reason = (f"vLLM {rel.version} removed the SP and AsyncTP compile passes ({_where(rel)}); SP lives in "
+                  "model code there: use the model-level table (min_tokens_per_rank)")
+    elif rel.sp_gate == "static_sizes":
+        reason = (f"vLLM {rel.version} runs SP only at static compile_sizes that tp divides ({_where(rel)}), "
+                  f"not from {start} tokens on")
+    elif rel.sp_gate == "every_size" and start > 1:
+        reason = (f"vLLM {rel.version} has no token gate for SP ({_where(rel)}): with splitting_ops [] it runs "
+                  f"at every token count, without it only at static sizes tp divides; not from {start} tokens on")
+    if reason is not None:
+        closest = {NEVER: {"compilation_config": _never(rel, _cudagraph_mode(config, whole_graph=False)[0])}}
+        if rel.sp_gate in ("every_size", "sp_min_token_num") and config.max_num_tokens >= 1:
+            always = dataclasses.replace(config, async_tp_min_tokens=1, sp_min_tokens=None)
+            closest[ALWAYS] = {"compilation_config": _with_sp(rel, always, fused, graphs)}
+        return VllmExport(rel, policy, None, reason, closest,
+                          f"vLLM {rel.version} cannot run this policy: {reason}.", notes)
+    return VllmExport(rel, policy, _with_sp(rel, config, fused, graphs), None, {},
+                      _does_sp(rel, config, fused, graphs), notes)
+
+
+def _cudagraph_mode(config: LabConfig, *, whole_graph: bool) -> tuple[str, str | None]:
+    """vLLM's ``cudagraph_mode`` for the user's, and a note where it cannot be kept as is.
+
+    With SP the graph is compiled whole (no pieces): per-piece graphs cannot exist, so ``piecewise`` becomes no
+    graphs at all (vLLM itself would turn it into FULL: graphs switched on) and ``full_and_piecewise`` (sp_lab:
+    whole-forward graphs where SP is off, small batches) becomes ``FULL_DECODE_ONLY`` (full graphs for decode
+    batches only). ``none`` stays ``NONE`` and ``full`` stays ``FULL``.
+    """
+    mode = config.cudagraph_mode or "none"
+    if not whole_graph:
+        return mode.upper(), None
+    if mode == "piecewise":
+        return "NONE", ("cudagraph_mode 'piecewise' needs piece boundaries and SP needs the whole graph: exported "
+                        "as NONE (vLLM would turn PIECEWISE into FULL graphs, which were not chosen)")
+    if mode == "full_and_piecewise":
+        return "FULL_DECODE_ONLY", ("cudagraph_mode 'full_and_piecewise': full graphs where SP is off; vLLM compiles "
+                                    "the whole graph for SP, so full graphs for decode batches only (FULL_DECODE_ONLY)")
+    return mode.upper(), None
+
+
+def _never(rel: VllmRelease, graphs: str) -> dict[str, Any]:
+    out: dict[str, Any] = {rel.mode_field: 3}
+    if rel.sp_flag is not None:
+        out["pass_config"] = {rel.sp_flag: False, rel.async_tp_flag: False}
+    out["cudagraph_mode"] = graphs
     return out
+
+
+def _with_sp(rel: VllmRelease, config: LabConfig, fused: bool, graphs: str) -> dict[str, Any]:
+    """The object that runs SP (+ AsyncTP when ``fused``) from ``config.sp_start`` in a release that can gate it."""
+    start = config.sp_start
+    passes: dict[str, Any] = {rel.sp_flag: True, rel.async_tp_flag: fused}
+    out: dict[str, Any] = {rel.mode_field: 3, "pass_config": passes}
+    if rel.sp_threshold_field is not None:
+        passes[rel.sp_threshold_field] = start
+    # always written: needed up to 0.19, and later it keeps vLLM from turning piecewise graphs into FULL ones
+    out["splitting_ops"] = []
+    if rel.ranges_field is not None and start > 1:
+        out[rel.ranges_field] = [start - 1]  # ranges [1, start - 1] and [start, ...] (vLLM adds it too from 0.17)
+    out["cudagraph_mode"] = graphs
+    return out
+
+
+def _where(rel: VllmRelease) -> str:
+    """The file (and method) a gate was read from, for a sentence: ``vllm/.../x.py, is_applicable``."""
+    return rel.sp_gate_file.replace(" (", ", ").removesuffix(")")
+
+
+def _what(fused: bool) -> str:
+    return "SP + AsyncTP" if fused else "SP (no AsyncTP)"
+
+
+def _graphs_text(graphs: str) -> str:
+    return "no CUDA graphs" if graphs == "NONE" else f"CUDA graphs {graphs}"
+
+
+def _does_never(rel: VllmRelease, graphs: str) -> str:
+    return f"In vLLM {rel.version} this runs plain TP (SP and AsyncTP off) at every token count, {_graphs_text(graphs)}."
+
+
+def _does_sp(rel: VllmRelease, config: LabConfig, fused: bool, graphs: str) -> str:
+    start, top = config.sp_start, config.max_num_tokens
+    if start <= 1:
+        return (f"In vLLM {rel.version} this runs {_what(fused)} at every token count (one whole graph, "
+                f"{_graphs_text(graphs)}).")
+    return (f"In vLLM {rel.version} this runs {_what(fused)} from {start} tokens (compile ranges [1, {start - 1}] "
+            f"without, [{start}, {top}] with; vLLM lowers the threshold to max_num_batched_tokens if that is "
+            f"smaller), {_graphs_text(graphs)}.")

@@ -22,11 +22,14 @@ TUNED = "tuned"
 # ---------------------------------------------------------------------------------------------- sources
 MEASURED = "measured"
 """Timed here, on the devices the row names."""
-SIMULATED = "simulated"
-"""Rows of the earlier uncalibrated what-if model (kept for recorded stores and test fixtures that carry it)."""
 PREDICTED = "predicted"
-"""Predicted by the calibrated performance model (``sp_lab.tuning.predict``) for a GPU that is not here:
-measured single-GPU kernel times plus a published-bandwidth communication model; no distributed run happened."""
+"""Predicted by the performance model (``sp_lab.tuning.predict``, the one model sp_lab has) for GPUs that are
+not here: measured single-GPU kernel times plus a published-bandwidth communication model; no distributed run
+happened. The CLI's curves, the tuner's overlay and its demo replay, the report's section and the rule-training
+fixture all carry this one name."""
+SIMULATED = "simulated"
+"""Rows an older sp_lab's what-if model wrote into stores (retired: nothing makes them now). Read back under
+their own name, never as ``predicted``: the current model did not compute them."""
 REHEARSAL = "rehearsal"
 """Several ranks on one GPU: the code path of a multi-GPU run, but not its latency."""
 REPLAYED = "replayed"
@@ -34,6 +37,8 @@ REPLAYED = "replayed"
 
 SOURCES = (MEASURED, PREDICTED, SIMULATED, REHEARSAL, REPLAYED)
 """Where a row's numbers come from; rows of different sources are never compared unlabelled."""
+MODELLED_SOURCES = (PREDICTED, SIMULATED)
+"""Rows a model computed rather than timed: never relabelled as ``replayed`` when imported."""
 TUNABLE_SOURCES = (MEASURED, REPLAYED)
 """Sources a threshold is tuned on unless another is named (in this order of preference)."""
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from sp_lab import cli
-from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
+from sp_lab.bench.rehearsal import BOUNDARIES
+from sp_lab.compiler.passes.post_grad import SequenceParallelPass
 from sp_lab.compiler.report import CompileReport
 from sp_lab.config import BoundaryStrategy, ConfigError, LabConfig
-from sp_lab.distributed.rehearsal import BOUNDARIES
 
 ALLOWED = "none, gather_erase, gather, sharded"
 
@@ -20,8 +20,7 @@ def test_a_bad_strategy_names_the_allowed_ones_wherever_it_is_given(capsys):
                                           r"did you mean 'sharded'"):
         LabConfig(boundary="shard")
     with pytest.raises(ConfigError, match=f"unknown strategy 'whole_graph'; choose from {ALLOWED}"):
-        SpLabPostGradPass(tp_size=2, rank=0, group_name=None, enable_sp=True, enable_async_tp=False,
-                          boundary="whole_graph", m_low=1, use_symm_mem=False)
+        SequenceParallelPass(tp_size=2, rank=0, group_name=None, boundary="whole_graph")
     with pytest.raises(SystemExit):
         cli.main(["sweep", "--boundary", "whole_graph"])
     assert "'none', 'gather_erase', 'gather', 'sharded'" in capsys.readouterr().err

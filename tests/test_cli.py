@@ -106,6 +106,24 @@ def test_argument_errors_name_the_bad_value(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_user_errors_are_one_line_with_the_fix_and_crashes_keep_their_traceback(tmp_path, monkeypatch):
+    """A typo or an empty store: exit status 2, one line naming the fix, no traceback; a real crash: a traceback."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv, fix in ((["sweep", "--model", "lama-3-8b", "--tp", "2", "--tokens", "1", "--store", str(tmp_path)],
+                       "did you mean 'llama-3-8b'?"),
+                      (["tune", "--store", str(empty)], f"run a sweep first, e.g. `python -m sp_lab sweep --store {empty}"),
+                      (["replay", str(tmp_path / "nowhere.parquet"), "--store", str(tmp_path / "s")],
+                       "it does not exist (looked in")):
+        result = _python_m_sp_lab(*argv)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and fix in lines[0], result.stderr
+    monkeypatch.setitem(cli.COMMANDS, "tune", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["tune", "--store", str(empty)])
+
+
 def test_cli_variants_match_the_sweeps():
     from sp_lab.bench.sweep import DEFAULT_VARIANTS, VARIANTS
 
@@ -189,7 +207,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     rows = SweepStore(store).read()
     rows.with_columns(
         pl.when(pl.col("num_tokens") == 1)
-        .then(pl.lit("simulated"))
+        .then(pl.lit("predicted"))  # a model's rows keep their source: never relabelled as tunable timings
         .otherwise(pl.col("source"))
         .alias("source")
     ).write_parquet(recorded)
@@ -198,7 +216,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     assert cli.main(["replay", str(recorded), "--store", str(dest)]) == 0  # idempotent
     got = SweepStore(dest).read()
     assert got.height == 15
-    assert got.group_by("source").len().sort("source").rows() == [("replayed", 12), ("simulated", 3)]
+    assert got.group_by("source").len().sort("source").rows() == [("predicted", 3), ("replayed", 12)]
 
 
 def test_replay_refuses_rows_without_provenance(tmp_path, capsys):
@@ -237,7 +255,27 @@ def test_export_never_writes_sp_off_and_says_never(store, tmp_path, capsys):
     (path,) = tmp_path.glob("*.json")
     doc = json.loads(path.read_text())
     assert doc["provenance"]["async_tp_min_tokens"] == "never" and not doc["sp_lab"]["enable_sp"]
-    assert "async_tp_min_tokens=never" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SP and AsyncTP never" in out and "this runs plain TP (SP and AsyncTP off)" in out
+    assert "never paid per layer" in out
+
+
+def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_path, capsys):
+    argv = ["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--vllm-release", "0.18"]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM 0.18.1 (chosen): In vLLM 0.18.1 this runs SP + AsyncTP from 64 tokens" in out
+    assert "vllm serve" in out and '"sp_min_token_num":64' in out and '"compile_ranges_endpoints":[63]' in out
+    assert "WARNING: tuned on gloo on CPU" in out and "next: measure on the GPUs you serve on" in out
+    (fn,) = tmp_path.glob("*.min_tokens_per_rank.py")
+    assert fn.name in out
+    assert cli.main([*argv, "--vllm-release", "0.13"]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM 0.13.0 cannot run this policy: vLLM 0.13.0 has no token gate" in out
+    assert "closest it can run: never (worst" in out and "closest it can run: always (worst" in out
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--vllm-release", "0.9"])
+    assert "unknown vLLM release '0.9'" in capsys.readouterr().err
 
 
 def test_report_never_replaces_another_stores_report_unasked(store, tmp_path, capsys):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._inductor.decomposition import select_decomp_table
+from tp_models import Fp8Stack
 
 from sp_lab.compiler.inspection import op_counts
 from sp_lab.compiler.passes.async_tp import apply_async_tp
@@ -261,6 +262,59 @@ def test_unsure_rule_answers_take_heuristic_default(group):
     assert seen["after"]["fused_all_gather_matmul"] == 0 and seen["after"]["all_gather"] == 1
 
 
+# -- matmuls with bias and FP8 scaled matmuls ------------------------------------------------------------------
+
+
+def biased_projections(x, w_out, w_in, bias, n, spelling):
+    """Qwen2's shape: a row-parallel matmul's all_reduce -> RMSNorm -> a column-parallel projection *with a bias*
+    (``F.linear(h, w, b)`` reaches the graph as ``addmm``; ``h @ w.t() + b`` as ``mm`` then ``add``)."""
+    h = F.rms_norm(funcol.all_reduce(x @ w_out, "sum", dist.group.WORLD), (HIDDEN,), n, 1e-6)
+    return F.linear(h, w_in, bias) if spelling == "addmm" else h @ w_in.t() + bias
+
+
+@pytest.mark.parametrize("spelling", ["addmm", "mm_add"])
+def test_matmul_with_bias_fuses_with_its_all_gather(group, spelling):
+    seen = capture(lambda *a: biased_projections(*a, spelling), lambda g: (sequence_parallel(g), async_tp(g))[1],
+                   torch.randn(6, HIDDEN), torch.randn(HIDDEN, HIDDEN), torch.randn(8, HIDDEN), torch.randn(8),
+                   torch.randn(HIDDEN))
+    after = seen["after"]
+    # Both matmuls fuse: the first with the reduce_scatter, the biased one with the all_gather (bias added after).
+    assert after["fused_all_gather_matmul"] == 1 and after["fused_matmul_reduce_scatter"] == 1, after
+    assert (after["mm"], after["all_gather"], after["all_reduce"]) == (0, 0, 0), after
+    assert seen["out"].shape == (6, 8)
+
+
+def _fp8_graph_dtypes(graph: fx.Graph) -> list[str]:
+    """The dtypes every all_gather in ``graph`` moves."""
+    return [str(n.args[0].meta["val"].dtype) for n in graph.nodes
+            if n.target is torch.ops._c10d_functional.all_gather_into_tensor.default]
+
+
+@pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
+def test_sequence_parallel_gathers_fp8_bytes_and_token_local_scales(group, tensorwise):
+    model = Fp8Stack(tp=TP, tensorwise=tensorwise)
+    seen = capture(model, lambda g: (sequence_parallel(g), _fp8_graph_dtypes(g))[1], torch.randn(7, 32).bfloat16())
+    after = seen["after"]
+    assert (after["all_reduce"], after["reduce_scatter"]) == (0, 2), after
+    # Layer 2's up projection reads the shard: its FP8 rows cross as bytes (uint8, 1 byte a value where the
+    # bf16 activations would take 2), with their per-token float32 scales (rowwise); nothing gathers bf16 into it.
+    # The last gather is the graph output (the residual, bf16).
+    expected = ["torch.uint8", "torch.float32"] if not tensorwise else ["torch.uint8"]
+    assert seen["result"] == [*expected, "torch.bfloat16"], seen["result"]
+    assert seen["out"].dtype == torch.bfloat16 and seen["out"].shape == (7, 32)
+
+
+@pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
+def test_async_tp_fuses_every_scaled_matmul_next_to_a_collective(group, tensorwise):
+    model = Fp8Stack(tp=TP, tensorwise=tensorwise)
+    seen = capture(model, lambda g: (sequence_parallel(g), async_tp(g))[1], torch.randn(7, 32).bfloat16())
+    before, after = seen["before"], seen["after"]
+    assert before["all_reduce"] == 2 and before["mm"] == 4, before
+    # Layer 1's up projection reads the full input (no collective next to it): it stays a _scaled_mm. The other
+    # three: both down projections into their reduce_scatter, layer 2's up projection with its gather.
+    assert (after["fused_matmul_reduce_scatter"], after["fused_all_gather_matmul"], after["mm"]) == (2, 1, 1), after
+    assert (after["all_reduce"], after["reduce_scatter"], after["all_gather"]) == (0, 0, 1), after
+    assert {c.dtype for c in seen["result"].candidates} == {"float8_e4m3fn"}
 @pytest.mark.parametrize("strategy", list(BoundaryStrategy), ids=str)
 def test_each_boundary_strategy_hands_the_graph_output_over_as_documented(group, strategy):
     # The residual graph's output is token-sharded after SP: "none" lets the shard leave (the failure it exists to

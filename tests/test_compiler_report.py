@@ -21,6 +21,7 @@ import sp_lab
 from sp_lab.compiler import capture, inspection
 from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, guard_inputs
 from sp_lab.compiler.passes import post_grad
+from sp_lab.compiler.ranges import CompileRange
 from sp_lab.compiler.report import (
     CompileReport,
     CopyEvent,
@@ -162,15 +163,16 @@ def test_the_side_file_stores_the_same_record(reports):
 
 
 def test_recorded_counts_are_keyed_by_the_code_that_counts(tmp_path, monkeypatch):
-    sp_pass = post_grad.SpLabPostGradPass(tp_size=2, rank=0, group_name="g", enable_sp=True, enable_async_tp=True,
-                                          boundary="gather", m_low=8, use_symm_mem=False)
+    sp_pass = post_grad.PostGradPassManager(
+        post_grad.sp_lab_passes(tp_size=2, rank=0, group_name="g", boundary="gather", m_low=8, use_symm_mem=False),
+        CompileRange(8, 64, enable_sp=True, enable_async_tp=True), "g")
     before = sp_pass.uuid()
     changed = tmp_path / "inspection.py"
     shutil.copy(inspection.__file__, changed)
     changed.write_text(changed.read_text() + "\n# counting changed\n")
-    sources = [changed if p == Path(inspection.__file__) else p for p in post_grad._PASS_SOURCES]
-    assert sources != post_grad._PASS_SOURCES  # inspection.py is part of the key
-    monkeypatch.setattr(post_grad, "_PASS_SOURCES", sources)
+    sources = [changed if p == Path(inspection.__file__) else p for p in post_grad._RECORD_SOURCES]
+    assert sources != post_grad._RECORD_SOURCES  # inspection.py is part of the key
+    monkeypatch.setattr(post_grad, "_RECORD_SOURCES", sources)
     assert sp_pass.uuid() != before
 
 

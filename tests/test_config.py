@@ -8,16 +8,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sp_lab.config import (
-    ConfigError,
-    LabConfig,
-    export_tuned_config,
-    load_tuned_config,
-    vllm_sp_min_token_num,
-)
+from sp_lab.config import ConfigError, LabConfig, load_tuned_config
 from sp_lab.effective import EffectiveConfig, enable_sp_and_async_tp
 from sp_lab.rules import MatmulRule
-from sp_lab.vllm_releases import RELEASES, unknown_fields
+from sp_lab.tuning.export import export_tuned_config
+from sp_lab.vllm_releases import vllm_sp_min_token_num
 
 RULE = MatmulRule.from_dict(
     {
@@ -235,9 +230,11 @@ def test_file_layout():
     assert list(doc) == ["schema", "vllm", "sp_lab"]
     assert doc["schema"] == "sp_lab.config/1"
     assert doc["sp_lab"]["heuristic"]["tree"]["threshold"] == 1024
-    assert doc["vllm"]["release"] == "2026.03"
-    assert doc["vllm"]["compilation_config"]["pass_config"] == {
+    assert doc["vllm"]["release"] == "0.34.0" and "not_expressible" in doc["vllm"]  # newest: no SP pass
+    on_031 = json.loads(LabConfig(heuristic=RULE).to_json(vllm_release="0.31"))["vllm"]
+    assert on_031["release"] == "0.31.0" and on_031["compilation_config"]["pass_config"] == {
         "enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 128}
+    assert "per-matmul fusion rule stays in the sp_lab section" in on_031["notes"][0]
 
 
 def test_from_dict_errors():
@@ -263,7 +260,7 @@ def test_from_dict_errors():
 
 
 def test_from_json_file_errors(tmp_path):
-    doc = json.loads(LabConfig().to_json())
+    doc = json.loads(LabConfig().to_json(vllm_release="0.31"))
     with pytest.raises(ConfigError, match="schema: expected 'sp_lab.config/1', got 'sp_lab.config/9'"):
         LabConfig.from_json(json.dumps({**doc, "schema": "sp_lab.config/9"}))
     with pytest.raises(ConfigError, match=r"unknown top-level keys \['vlm'\]"):
@@ -284,56 +281,6 @@ def test_from_json_file_errors(tmp_path):
         LabConfig.from_json("{oops")
     with pytest.raises(FileNotFoundError, match="no such config file"):
         LabConfig.from_json(tmp_path / "missing.json")
-
-
-@pytest.mark.parametrize("release", sorted(RELEASES))
-@pytest.mark.parametrize(
-    "config",
-    [
-        LabConfig(async_tp_min_tokens=64),
-        LabConfig(async_tp_min_tokens=256, enable_async_tp=False, boundary="gather"),
-        LabConfig(async_tp_min_tokens=1, tp_size=4, cudagraphs=True),
-        LabConfig(enable_sp=False, enable_async_tp=False, heuristic=None),
-        LabConfig(async_tp_min_tokens=128, heuristic=RULE),
-    ],
-    ids=["fused-from-64", "sp-from-256", "fused-everywhere", "never", "with-rule"],
-)
-def test_to_vllm_uses_only_the_releases_field_names(config, release):
-    cc = config.to_vllm(release)
-    assert unknown_fields(cc, release) == []  # vLLM's pydantic configs forbid anything else
-    assert "sp_lab" not in json.dumps(cc)  # no op or field vLLM does not have
-    rel = RELEASES[release]
-    assert cc[rel.mode_field] == 3 and cc["pass_config"][rel.sp_flag] == config.enable_sp
-    assert cc["pass_config"][rel.async_tp_flag] == (config.enable_sp and config.enable_async_tp)
-    if not config.enable_sp:
-        assert set(cc["pass_config"]) == {rel.sp_flag, rel.async_tp_flag}
-        return
-    # what makes SP run: the whole graph in one piece, a CUDA-graph mode without piece boundaries, and the
-    # threshold where the release can express it
-    assert cc["splitting_ops"] == [] and cc["cudagraph_mode"] == "FULL_DECODE_ONLY"
-    start = config.async_tp_min_tokens
-    if rel.sp_threshold_field:
-        assert cc["pass_config"][rel.sp_threshold_field] == start
-    else:
-        assert cc["compile_sizes"] and min(cc["compile_sizes"]) >= start
-        assert all(s % config.tp_size == 0 for s in cc["compile_sizes"])
-    if rel.ranges_field and start > 1:
-        assert cc[rel.ranges_field] == [start - 1]  # ranges [1, start - 1] and [start, ...]
-
-
-def test_to_vllm_names_the_known_releases_and_refuses_what_vllm_cannot_run():
-    with pytest.raises(ConfigError, match=r"unknown vLLM release '0.9'; known: 0.11, 0.12, 2026.03"):
-        LabConfig().to_vllm("0.9")
-    two_gates = LabConfig(sp_min_tokens=16, async_tp_min_tokens=256)
-    with pytest.raises(ConfigError, match="SP starts at 16 tokens and AsyncTP at 256"):
-        two_gates.to_vllm()
-    section = json.loads(two_gates.to_json())["vllm"]
-    assert "compilation_config" not in section and "one gate for both" in section["not_expressible"]
-    assert LabConfig.from_json(two_gates.to_json()) == two_gates
-    sizes = LabConfig(tp_size=8, async_tp_min_tokens=2048).to_vllm("0.11")["compile_sizes"]
-    assert sizes == [2048, 4096, 8192, 16384]  # SP only at static sizes: powers of two up to max_num_tokens
-    with pytest.raises(ConfigError, match="none from 6 to max_num_tokens=7"):
-        LabConfig(tp_size=8, async_tp_min_tokens=6, max_num_tokens=7).to_vllm("0.12")
 
 
 def test_vllm_section_of_an_older_file_is_not_checked():
@@ -374,7 +321,10 @@ def test_export_tuned_config(tmp_path):
     )
     assert provenance["dtype"] == "bfloat16" and provenance["torch"] == torch.__version__
     assert provenance["data_hash"] == "abc123" and provenance["rows"] == 480 and "created_utc" in provenance
-    assert json.loads(path.read_text())["vllm"]["compilation_config"]["pass_config"]["sp_min_token_num"] == 1024
+    assert "compile passes" in json.loads(path.read_text())["vllm"]["not_expressible"]  # newest: passes removed
+    on_031 = export_tuned_config(config, directory=tmp_path / "031", device_name="cpu", model_spec=spec,
+                                 dtype="float32", data_hash="x", vllm_release="0.31.0")
+    assert json.loads(on_031.read_text())["vllm"]["compilation_config"]["pass_config"]["sp_min_token_num"] == 1024
     hf = export_tuned_config(
         config,
         directory=tmp_path,
@@ -401,12 +351,16 @@ def test_export_tuned_config(tmp_path):
 
 
 def test_vllm_sp_min_token_num():
-    # docs/thresholds.md: Llama-70B (hidden 8192) bf16 on Hopper.
+    # vLLM 0.21-0.31 sequence_parallelism.py: 8 MiB per GPU on sm90, 32 on sm100, hidden >= 8192.
+    # Llama-70B (hidden 8192) bf16 on Hopper.
     assert [vllm_sp_min_token_num(8192, 2, tp) for tp in (2, 4, 8)] == [1024, 2048, 4096]
     assert vllm_sp_min_token_num(8192, 2, 8, device_capability=(10, 0)) == 16384  # 32 MiB on Blackwell
     assert vllm_sp_min_token_num(8192, 1, 2) == 2048  # fp8 activations: half the bytes, twice the tokens
     assert vllm_sp_min_token_num(4096, 2, 2) is None  # hidden < 8192: SP off
     assert vllm_sp_min_token_num(8192, 2, 2, device_capability=(8, 0)) is None
+    assert vllm_sp_min_token_num(8192, 2, 8, device_capability=(10, 0), version="0.20") is None  # sm90 only then
+    with pytest.raises(ValueError, match="0.34.0 has no sp_min_token_num default"):
+        vllm_sp_min_token_num(8192, 2, 8, version="0.34")
 
 
 # -- effective config ----------------------------------------------------------------------------------

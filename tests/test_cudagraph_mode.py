@@ -33,16 +33,16 @@ def test_bad_modes_are_named(kwargs, message):
         LabConfig(**kwargs)
 
 
-def test_to_vllm_maps_each_mode():
+def test_to_vllm_keeps_the_chosen_mode():
     vllm_names = {"none": "NONE", "piecewise": "PIECEWISE", "full": "FULL", "full_and_piecewise": "FULL_AND_PIECEWISE"}
     for mode, vllm in vllm_names.items():
-        exported = LabConfig(tp_size=1, enable_sp=False, enable_async_tp=False, cudagraph_mode=mode).to_vllm()
-        assert exported.get("cudagraph_mode", "NONE") == vllm
-    # With SP vLLM needs the whole graph in one piece, so piece-wise graphs become full graphs for decode
-    # batches, and sp_lab's "full" full graphs for every batch.
-    assert LabConfig(tp_size=2, cudagraph_mode="full").to_vllm()["cudagraph_mode"] == "FULL"
-    for mode in ("none", "piecewise", "full_and_piecewise"):
-        assert LabConfig(tp_size=2, cudagraph_mode=mode).to_vllm()["cudagraph_mode"] == "FULL_DECODE_ONLY"
+        exported = LabConfig(tp_size=1, enable_sp=False, enable_async_tp=False, cudagraph_mode=mode).to_vllm("0.31")
+        assert exported["cudagraph_mode"] == vllm  # written even for NONE: vLLM's default would capture graphs
+    # With SP vLLM compiles the whole graph, so no mode can have per-piece graphs; graphs are never switched on:
+    # "none" stays NONE, "piecewise" becomes NONE, "full_and_piecewise" (full where SP is off) full decode graphs.
+    with_sp = {"none": "NONE", "piecewise": "NONE", "full": "FULL", "full_and_piecewise": "FULL_DECODE_ONLY"}
+    for mode, vllm in with_sp.items():
+        assert LabConfig(tp_size=2, cudagraph_mode=mode).to_vllm("0.31")["cudagraph_mode"] == vllm
 
 
 def test_plan_full_and_piecewise_takes_full_graphs_where_sp_is_off():

@@ -14,7 +14,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch._inductor.compile_fx import compile_fx
 
-from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
+from sp_lab.compiler.passes.post_grad import PostGradPassManager, sp_lab_passes
+from sp_lab.compiler.ranges import CompileRange
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,8 +41,9 @@ def group_name():
 
 
 def _compile(fn, inputs, group_name):
-    sp_pass = SpLabPostGradPass(tp_size=1, rank=0, group_name=group_name, enable_sp=False, enable_async_tp=True,
-                                boundary="sharded", m_low=64, use_symm_mem=True)
+    sp_pass = PostGradPassManager(
+        sp_lab_passes(tp_size=1, rank=0, group_name=group_name, boundary="sharded", m_low=64, use_symm_mem=True),
+        CompileRange(64, 4096, enable_sp=False, enable_async_tp=True), group_name)
 
     def backend(gm, example_inputs):
         with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}):

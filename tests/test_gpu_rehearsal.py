@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import sp_lab
-from sp_lab.distributed.rehearsal import BOUNDARIES, CASES, rehearse_case
+from sp_lab.bench.rehearsal import BOUNDARIES, CASES, rehearse_case
 
 pytestmark = [
     pytest.mark.gpu,

@@ -149,6 +149,27 @@ def test_results_come_back_in_rank_order_with_args_and_kwargs():
     assert {r["threads"] for r in results} == {expected_threads}
 
 
+def _stderr_progress_then_warning() -> int:
+    import warnings
+
+    for i in range(3):  # a progress bar as tqdm and Hugging Face draw it: carriage returns, then a newline
+        sys.stderr.write(f"\rLoading weights: {50 * i}%")
+    sys.stderr.write("\n")
+    sys.stderr.flush()
+    warnings.warn("something to look at", UserWarning, stacklevel=1)
+    sys.stderr.flush()
+    return 0
+
+
+def test_rank_stderr_is_red_only_for_problems(capsys):
+    """A rank's progress bar arrives in the caller's stdout at its last state; its warning stays on stderr."""
+    assert sp_lab.launch(_stderr_progress_then_warning, world_size=1, timeout=60) == [0]
+    out, err = capsys.readouterr()
+    assert "[rank 0] Loading weights: 100%\n" in out and "Loading weights" not in err
+    assert "UserWarning: something to look at" in err and "warnings.warn" in err  # the warning with its source line
+    assert "something to look at" not in out
+
+
 def test_closures_and_lambdas_travel_by_value():
     offset = 100  # captured: the closure cannot be found by name in the workers
 

@@ -1,5 +1,5 @@
 """Issue #7's multi-GPU run, without GPUs: the plan, the sp_lab command lines, the scheduler's budget and
-device sets, what comes back from $OUT, and the comparison with the what-if model on fixture rows.
+device sets, what comes back from $OUT, and the comparison with the performance model on fixture rows.
 
 The full CPU dry run (real ``torchrun ... sp_lab run`` jobs on gloo ranks) takes minutes on two cores; it is
 ``benchmarks/multigpu/dry_run.py``, not a test.
@@ -187,7 +187,7 @@ def test_collect_returns_few_files_one_parquet_and_a_bundle(tmp_path):
 
 
 def test_compare_reports_error_per_point_speedup_threshold_and_regret(tmp_path):
-    from sp_lab.tuning.simulate import MatmulTable
+    from sp_lab.tuning.predict.kernels import MatmulTable
 
     store = SweepStore(tmp_path / "s")
     store.append(_curve())
@@ -220,7 +220,7 @@ def test_compare_reports_error_per_point_speedup_threshold_and_regret(tmp_path):
 
 
 def test_llama_2_7b_shapes_fall_back_to_the_roofline_fit():
-    from sp_lab.tuning.simulate import MatmulTable
+    from sp_lab.tuning.predict.kernels import MatmulTable
 
     measured = pl.DataFrame(_curve(model="llama-2-7b"))
     errors = compare.prediction_errors(measured, MatmulTable.default())

@@ -40,9 +40,11 @@ def test_notebook_is_committed_without_outputs(path):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_smoke_mode(path, monkeypatch):
-    # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared.
+def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
+    # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared, and a fresh
+    # output folder instead of the checkout's out/ (the notebooks write where the CLI does: sp_lab.paths).
     monkeypatch.setenv("SP_LAB_SMOKE", "1")
+    monkeypatch.setenv("SP_LAB_OUT", str(tmp_path / "out"))
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})

@@ -159,7 +159,7 @@ import json, sys
 from pathlib import Path
 import sp_lab
 from sp_lab.models import available, build
-from sp_lab.tuning.simulate import MatmulTable
+from sp_lab.tuning.predict.kernels import MatmulTable
 
 package = Path(sp_lab.__file__).resolve().parent
 assert package.is_relative_to(Path(sys.prefix).resolve()), f"sp_lab imported from {package}, not the venv"
@@ -182,9 +182,13 @@ def installed_wheel(tmp_path_factory) -> Path:
     src = root / "src"
     # Build from a copy so the checkout gets no build/ or egg-info, and only tracked inputs count.
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "sp_lab", src / "sp_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("sp_lab", "data"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    # a table added under data/ in a folder of its own ships with nothing else declared
+    (src / "data" / "new-folder").mkdir()
+    (src / "data" / "new-folder" / "table.json").write_text("{}")
     dist = root / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
@@ -196,6 +200,9 @@ def installed_wheel(tmp_path_factory) -> Path:
         names = set(zf.namelist())
     assert "sp_lab/data/models/llama-3-70b.json" in names
     assert "sp_lab/data/h200/gemm_chunking_tp8.json" in names
+    # the performance model's hardware constants and the published figures it is validated against
+    assert {"sp_lab/data/hardware.json", "sp_lab/data/published_figures.json"} <= names
+    assert "sp_lab/data/new-folder/table.json" in names
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
                    check=True)
@@ -278,3 +285,13 @@ def test_readme_architecture_table_matches_the_modules():
     modules = {p.stem for p in (REPO / "sp_lab").rglob("*.py") if p.name != "__init__.py"}
     assert not sorted(modules - listed), "modules missing from the README's architecture table"
     assert not sorted(listed - modules), "the README's architecture table names modules that do not exist"
+
+
+def test_data_lives_once_at_the_top_of_the_checkout():
+    """Presets and measured tables: one copy, in data/ beside sp_lab/, read from there when run from a checkout."""
+    from sp_lab.resources import DATA_DIR
+
+    assert (REPO / "data" / "models").is_dir() and (REPO / "data" / "h200").is_dir()
+    stray = sorted(str(p.relative_to(REPO)) for p in (REPO / "sp_lab" / "data").rglob("*"))
+    assert not stray, f"data files belong under data/ (shipped as sp_lab/data by pyproject.toml): {stray}"
+    assert DATA_DIR == REPO / "data"

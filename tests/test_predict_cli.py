@@ -39,10 +39,11 @@ def test_cli_prints_labelled_curves_crossover_and_config(capsys):
     out = capsys.readouterr().out
     assert out.startswith("PREDICTED (source: predicted), not measured: llama-3-70b, tp 8, 8x H200")
     assert "busbw 360 GB/s" in out  # the interconnect's constants are printed with it
-    curves = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\S+$", line)]
+    assert re.search(r"tokens +baseline +sp +sp\+async_tp +tuned +fastest", out)
+    curves = [line.split() for line in out.splitlines() if re.match(r"\s+\d+(\s+[\d.]+){4}\s+\S+$", line)]
     assert [int(c[0]) for c in curves] == [16, 512, 4096, 16384]
-    for tokens, *ms, fastest in curves:  # the "fastest" column names the smallest of the three printed values
-        assert fastest == ("baseline", "sp", "sp+async_tp")[min(range(3), key=lambda i: float(ms[i]))]
+    for tokens, *ms, fastest in curves:  # the "fastest" column names the smallest of the four printed values
+        assert fastest == ("baseline", "sp", "sp+async_tp", "tuned")[min(range(4), key=lambda i: float(ms[i]))]
     assert re.search(r"Predicted crossover sp\+async_tp over baseline: \d+ tokens \(band \d+-\d+\)", out)
     assert "Predicted config (source: predicted): model=llama-3-70b, tp=8, gpu=h200" in out
 
@@ -101,3 +102,8 @@ def test_docs_page_is_what_the_command_writes(tmp_path, capsys):
     assert out.read_text() == (REPO / "docs" / "predictions.md").read_text()
     n = len(json.loads(V.FIGURES_JSON.read_text())["figures"])
     assert sum(1 for line in printed.splitlines() if re.search(r"\| (hit|miss|not predicted) \|$", line)) == n
+    # the measured tp 1 rows with the prediction's error beside each token count
+    measured = [line for line in printed.splitlines() if re.match(r"\| \d+ \| [\d.]+ \| [\d.]+ \| [+-]\d+% \|$", line)]
+    tp1 = json.loads((REPO / "data" / "h200" / "tp1_latency.json").read_text())["rows"]
+    want = sorted(r["num_tokens"] for r in tp1 if r["variant"] == "sp_lab full_and_piecewise")
+    assert [int(line.split("|")[1]) for line in measured] == want

@@ -149,3 +149,55 @@ def test_crossover_is_where_the_variant_wins_from_then_on():
     assert crossover_tokens(rows([20, 9, 11, 9])) == 8  # wins at 2 but loses again at 4: from 8 on
     assert crossover_tokens(rows([9, 9, 9, 9])) == 1
     assert crossover_tokens(rows([20, 20, 20, 11])) is None
+
+
+def test_per_matmul_rules_compose_the_layer():
+    from sp_lab.rules import MatmulRule
+
+    def by_variant(rule) -> dict[tuple[int, str], float]:
+        rows = predict_layers("llama-3-70b", 8, [64, 2048, 16384], "h200", num_layers=1, rule=rule)
+        return {(r["num_tokens"], r["variant"]): r["latency_us"] for r in rows.iter_rows(named=True)}
+
+    always, never, own = by_variant(MatmulRule.always("fuse")), by_variant(MatmulRule.always("no_fuse")), by_variant(
+        "predicted")
+    for t in (64, 2048, 16384):
+        assert always[(t, "tuned")] == pytest.approx(always[(t, "sp+async_tp")])
+        assert never[(t, "tuned")] == pytest.approx(never[(t, "sp")])
+        # choosing per matmul can only help: never slower than all-fused or none-fused
+        assert own[(t, "tuned")] <= min(own[(t, "sp")], own[(t, "sp+async_tp")]) + 1e-9
+    assert own[(16384, "tuned")] < own[(16384, "sp")]  # at 16k tokens some matmuls pay
+    with pytest.raises(ValueError, match="rule must be a MatmulRule or 'predicted'"):
+        predict_layers("llama-3-70b", 8, [64], "h200", rule="oracle")
+
+
+def test_fp8_bench_rows_are_read_per_scaling(tmp_path):
+    # benchmarks/bench_matmul_fp8_h200.py's layout, with made-up times: each FP8 scaling is its own table, the
+    # run's bf16 reference rows are not read, failed rows are dropped.
+    qkv = tp_matmul_shapes("llama-3-70b", 8)[0]
+    times = {"bf16": 1000.0, "fp8_rowwise": 40.0, "fp8_tensorwise": 30.0, "fp8_rowwise_chunked": 120.0}
+    rows = [{"model": "llama-3-70b", "tp": 8, "name": "qkv", "side": "ag", "n": qkv.n, "k": qkv.k, "m": m,
+             "m_padded": m, "variant": v, "chunks": 8 if v.endswith("chunked") else 1, "us": us * m / 512, "error": None}
+            for m in (8, 64, 512, 4096) for v, us in times.items()]
+    rows.append({**rows[0], "m": 16, "m_padded": 16, "variant": "fp8_rowwise", "us": None, "error": "skipped"})
+    path = tmp_path / "matmul_fp8_single_gpu.json"
+    path.write_text(json.dumps({"meta": {"device": "NVIDIA H200", "torch": "2.11.0", "source": "measured"},
+                                "rows": rows}))
+    table = K.MatmulTable.from_files(K.SINGLE_GPU_JSON, K.CHUNKING_TP8_JSON, path)
+    assert table.dtypes() == ["bfloat16", "float8", "float8_tensorwise"]
+    h200 = H.gpu("h200")
+    rowwise, tensorwise = K.KernelModel(table, h200, "fp8"), K.KernelModel(table, h200, "fp8-tensorwise")
+    assert rowwise.mm_us(512, qkv.n, qkv.k) == pytest.approx(40.0)  # on the H200 itself: the measured row
+    assert tensorwise.mm_us(4096, qkv.n, qkv.k) == pytest.approx(240.0)
+    assert rowwise.chunk_us(4096, qkv.n, qkv.k, 8) == pytest.approx(960.0 / 8)  # measured chunked rows
+    assert tensorwise.chunk_us(4096, qkv.n, qkv.k, 8) == pytest.approx(8 * 30.0 / 8)  # none: 8 x mm(M / 8)
+    # the bf16 model is untouched by the FP8 file (its bf16 reference rows were not read)
+    bf16 = K.KernelModel(K.MatmulTable.from_files(K.SINGLE_GPU_JSON, K.CHUNKING_TP8_JSON), h200)
+    assert K.KernelModel(table, h200).mm_us(512, qkv.n, qkv.k) == pytest.approx(bf16.mm_us(512, qkv.n, qkv.k))
+    # the fused op's own cost: the bf16 staging line at the FP8 input's byte count (no FP8 one-rank rows)
+    assert rowwise.fused_overhead_us("ag", 4096, qkv.n, qkv.k, 8) == pytest.approx(
+        rowwise.staging["ag"].us(512 * qkv.k * 1))
+    # the H100 runs the compute-bound share at its own FP8 peak (same as the H200's: 1979 TFLOP/s)
+    h100 = K.KernelModel(table, H.gpu("h100"), "fp8")
+    assert h100.mm_us(4096, qkv.n, qkv.k) >= rowwise.mm_us(4096, qkv.n, qkv.k)
+    with pytest.raises(ValueError, match="unsupported dtype 'fp4'"):
+        K.canonical_dtype("fp4")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -12,7 +13,7 @@ from sp_lab.config import LabConfig, load_tuned_config
 from sp_lab.tuning.regret import regret_table
 from sp_lab.viz.latency import CONFIG_META
 from sp_lab.widgets import tuner as tuner_module
-from sp_lab.widgets.tuner import TunerState, simulated_rows, tune
+from sp_lab.widgets.tuner import TunerState, predicted_rows, tune
 
 TOKENS = [1, 8, 64, 512]
 # baseline is flat-ish, sp+async_tp pays a fixed cost and wins from 512 tokens on
@@ -60,7 +61,8 @@ def test_recommendation_selects_the_least_regret_policy(rows):
 def test_rows_arrive_one_by_one_and_recommendation_waits_for_both_variants():
     state = TunerState(tp=2)
     state.add_row(_row("baseline", 8))
-    assert state.recommendation() is None  # one variant: nothing to choose between yet
+    with pytest.raises(ValueError, match="no recommendation from these rows yet"):  # one variant: no choice yet
+        state.recommendation()
     state.add_row(_row("sp+async_tp", 8))
     assert state.recommendation() is not None and state.done == 2
 
@@ -68,7 +70,7 @@ def test_rows_arrive_one_by_one_and_recommendation_waits_for_both_variants():
 def test_mixed_sources_are_refused(rows):
     state = TunerState(tp=2)
     with pytest.raises(ValueError, match="mix sources"):
-        state.set_rows(pl.concat([rows, rows.with_columns(source=pl.lit("simulated"))]))
+        state.set_rows(pl.concat([rows, rows.with_columns(source=pl.lit("predicted"))]))
 
 
 def test_export_round_trips_the_policy(rows, tmp_path):
@@ -84,9 +86,33 @@ def test_export_round_trips_the_policy(rows, tmp_path):
     assert provenance["regret"]["per_token"]["64"]["regret_rel"] == pytest.approx(0.25)
 
 
-def test_export_without_rows_says_what_to_do(tmp_path):
-    with pytest.raises(ValueError, match="run a sweep or replay"):
+def test_mistakes_on_an_empty_tuner_are_answered_in_the_calling_cell(tmp_path):
+    """Export and the recommendation raise where they were called (not only in the widget's status line),
+    saying to run a sweep first; a mistyped model is refused by tune() itself, with the closest name."""
+    with pytest.raises(ValueError, match="run a sweep first"):
         TunerState(tp=2).export(tmp_path)
+    tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"no rows yet: run a sweep first \(tuner.run_sweep\(\)"):
+        tuner.state.recommendation()
+    with pytest.raises(ValueError, match="run a sweep first"):
+        tuner.export()
+    assert "run a sweep first" in tuner.status.value  # the widget says it too
+    with pytest.raises(ValueError, match="did you mean 'llama-3-8b'"):
+        tune("lama-3-8b", tp=2, store_dir=None, export_dir=tmp_path)
+
+
+def test_default_store_and_out_are_the_projects_whatever_the_working_directory(tmp_path, monkeypatch):
+    """A kernel in notebooks/ and the CLI at the top of the checkout meet in one store: <project>/out/sweeps."""
+    project = tmp_path / "project"
+    (project / "notebooks").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.delenv("SP_LAB_OUT", raising=False)
+    monkeypatch.chdir(project / "notebooks")
+    tuner = tune("toy", tp=2, token_counts=TOKENS)
+    assert Path(tuner.state.store_dir) == project.resolve() / "out" / "sweeps"
+    assert Path(tuner.export_dir.value) == project.resolve() / "out"
+    monkeypatch.setenv("SP_LAB_OUT", str(tmp_path / "elsewhere"))
+    assert Path(tune("toy", tp=2).state.store_dir) == (tmp_path / "elsewhere" / "sweeps").resolve()
 
 
 def test_live_sweep_needs_a_store():
@@ -94,12 +120,26 @@ def test_live_sweep_needs_a_store():
         TunerState(tp=2).run_sweep()
 
 
-def test_simulated_replay_is_labelled_and_has_the_plot_columns():
-    df = simulated_rows("llama-3-70b", 8, [1, 512, 4096])
-    assert set(df["source"]) == {"simulated"}
+def test_demo_replay_is_the_performance_model_and_says_so_everywhere(tmp_path):
+    from sp_lab.tuning.predict.layer import predict_layers
     from sp_lab.viz.latency import SWEEP_COLUMNS
 
-    assert not set(SWEEP_COLUMNS) - set(df.columns)
+    df = predicted_rows("llama-3-70b", 8, [1, 512, 4096])
+    assert set(df["source"]) == {"predicted"} and not set(SWEEP_COLUMNS) - set(df.columns)
+    # one model: the demo rows are the performance model's whole-layer rows, not another formula
+    model = predict_layers("llama-3-70b", 8, [1, 512, 4096], "h200", full_layer=True).sort("num_tokens", "variant")
+    assert df.sort("num_tokens", "variant")["latency_us"].to_list() == model["latency_us"].to_list()
+
+    tuner = tune("llama-3-70b", tp=8, token_counts=[1, 512, 4096], store_dir=None, export_dir=tmp_path, replay=True)
+    assert tuner.state.source == "predicted" and "predicted by the performance model" in tuner.status.value
+    assert "source: predicted" in tuner.figure.layout.title.text
+    assert {t.name for t in tuner.figure.data if t.name} >= {"baseline (predicted)", "sp+async_tp (predicted)"}
+    assert "from predicted rows: the performance model's choice, not measured" in tuner.regret_html.value
+    with pytest.raises(ValueError, match="allow_predicted"):  # exporting the model's choice needs an explicit call
+        tuner.export()
+    path = tuner.export(allow_predicted=True)
+    assert json.loads(path.read_text())["provenance"]["source"] == "predicted"
+    assert "from predicted rows: not measured" in tuner.status.value
 
 
 def _gated_trace(tuner):
@@ -130,7 +170,11 @@ def test_never_is_one_explicit_value_in_widget_file_and_provenance(tmp_path):
     assert provenance["policy"] == "baseline everywhere (SP and AsyncTP never)"
     # what the file says is what the widget printed
     assert f"{provenance['policy']} (async_tp_min_tokens=never)" in tuner.status.value
-    assert json.loads(path.read_text())["vllm"]["compilation_config"]["pass_config"]["enable_sp"] is False
+    # vLLM 0.34 has no SP fields: "never" is vLLM's compile config without them, CUDA graphs as chosen (none)
+    assert json.loads(path.read_text())["vllm"] == {
+        "release": "0.34.0", "does": "In vLLM 0.34.0 this runs plain TP (SP and AsyncTP off) at every token count, "
+        "no CUDA graphs.", "compilation_config": {"mode": 3, "cudagraph_mode": "NONE"}}
+    assert path.with_name(path.stem + ".min_tokens_per_rank.py").is_file()
 
 
 def test_each_arriving_row_redraws_the_plot(rows, monkeypatch, tmp_path):
@@ -152,3 +196,18 @@ def test_each_arriving_row_redraws_the_plot(rows, monkeypatch, tmp_path):
     assert seen == list(range(1, len(ordered) + 1))
     assert tuner.progress.value == len(ordered)
     assert tuner_module.TunerState is TunerState
+
+
+def test_vllms_hopper_rule_is_shown_for_gpu_rows_only_and_regret_reads_in_percent(rows, tmp_path):
+    """A CPU toy gets no "vLLM's rule (Hopper)" line or marker; H200 rows do. Worst and summed regret are both %."""
+    cpu = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=rows)
+    assert "vLLM" not in cpu.regret_html.value
+    assert not any(str(a.text).startswith("vLLM") for a in cpu.figure.layout.annotations)
+    table = cpu.state.regret()
+    summed = f"summed over the token counts {100 * table['regret_rel'].sum():.1f}%"
+    assert summed in cpu.regret_html.value and "total 0." not in cpu.regret_html.value
+    gpu_rows = rows.with_columns(device_name=pl.lit("NVIDIA H200"), model=pl.lit("llama-3-70b"),
+                                 hidden_size=pl.lit(8192), tp=pl.lit(8), dtype=pl.lit("bfloat16"))
+    gpu = tune("llama-3-70b", tp=8, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=gpu_rows)
+    assert "vLLM's own rule on Hopper for this model and tp: SP from" in gpu.regret_html.value
+    assert any(str(a.text).startswith("vLLM sp_min_token_num=") for a in gpu.figure.layout.annotations)

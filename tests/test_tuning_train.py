@@ -1,8 +1,8 @@
 """Per-matmul microbenchmarks (sp_lab.tuning.microbench) and rule training (sp_lab.tuning.train).
 
-The training data is tests/data/tuning_fixture_rows.json: a SYNTHETIC table (source="simulated")
-produced by tests/data/make_tuning_fixture.py from the measured H200 chunking table and the what-if
-cost model, so the right decisions are known and "the rule reproduces them" can fail.
+The training data is tests/data/tuning_fixture_rows.json: a SYNTHETIC table (source="predicted")
+produced by tests/data/make_tuning_fixture.py from the performance model (measured H200 kernel tables,
+the chunk pipeline, an NVLink alpha-beta model), so the right decisions are known and "the rule reproduces them" can fail.
 """
 
 from __future__ import annotations
@@ -101,15 +101,19 @@ def test_bench_script_cpu_smoke_and_refusal(tmp_path):
 
 
 def test_rule_trained_on_fixture_reproduces_its_decisions(trained, rows):
-    # On the rows it learnt from, and on shapes it never saw, the rule picks what the fixture says.
-    assert trained.train_report.accuracy >= 0.98
+    # On the rows it learnt from, and on shapes it never saw, the rule picks what the fixture says. The
+    # performance model's fused time (chunk pipeline, measured fused-op cost) leaves more rows within a few
+    # percent of the fuse/no-fuse boundary than the old what-if model's max(chunked, comm) did: a depth-5 tree
+    # gets ~97% of the training rows and ~90% of unseen shapes right, its wrong answers where both choices
+    # cost about the same -- which the regret checks below hold it to.
+    assert trained.train_report.accuracy >= 0.96
     test = trained.test_report
-    assert test.accuracy >= 0.95 and test.unsure_fraction <= 0.1
+    assert test.accuracy >= 0.88 and test.unsure_fraction <= 0.1
     # Regret against the per-shape oracle: small, and far below both constant rules.
     assert test.regret_rel < 0.01
     assert test.regret_rel < 0.1 * min(test.baselines.values())
     full = T.evaluate_rule(trained.rule, rows)
-    assert full.accuracy >= 0.98 and full.regret_rel < 0.01
+    assert full.accuracy >= 0.94 and full.regret_rel < 0.01
     assert not set(trained.splits["test"]) & set(trained.splits["train"])  # held-out by shape
 
 
@@ -124,7 +128,7 @@ def test_exported_rule_is_data_and_round_trips(trained, rows, tmp_path):
     json_path, txt_path = T.export_rule(trained, str(tmp_path / "rule"))
     loaded = MatmulRule.from_json(Path(json_path))
     assert loaded == trained.rule and loaded.uuid() == trained.rule.uuid()
-    assert loaded.meta["source"] == "simulated" and loaded.meta["confidence_threshold"] == trained.confidence_threshold
+    assert loaded.meta["source"] == "predicted" and loaded.meta["confidence_threshold"] == trained.confidence_threshold
     for m, n, k, tp in rows.select("m", "n", "k", "tp").iter_rows():
         assert loaded.decide(m, n, k, tp) == trained.rule.decide(m, n, k, tp)
     text = Path(txt_path).read_text()
@@ -144,7 +148,7 @@ def test_tree_to_rule_follows_sklearn_exactly(rows):
 
 def test_low_confidence_leaves_answer_unsure():
     # Two shapes whose labels disagree at the same features: no tree can be confident there.
-    base = {"n": 1024, "k": 1024, "tp": 2, "source": "simulated"}
+    base = {"n": 1024, "k": 1024, "tp": 2, "source": "predicted"}
     rows = pl.DataFrame(
         [{**base, "m": m, "fused_us": 1.0, "unfused_us": 2.0} for m in (1024, 2048, 4096)]  # fuse: 2x faster
         + [{**base, "m": m, "fused_us": 9.0, "unfused_us": 2.0} for m in (1, 2, 4)]  # no_fuse: 4.5x slower
@@ -164,7 +168,7 @@ def test_low_confidence_leaves_answer_unsure():
 
 def test_evaluate_rule_regret_by_hand():
     rows = pl.DataFrame({"m": [1, 4096], "n": [8, 8], "k": [8, 8], "tp": [2, 2],
-                         "fused_us": [30.0, 50.0], "unfused_us": [10.0, 100.0], "source": ["simulated"] * 2})
+                         "fused_us": [30.0, 50.0], "unfused_us": [10.0, 100.0], "source": ["predicted"] * 2})
     always = T.evaluate_rule(MatmulRule.always("fuse"), rows)
     assert always.regret_total_us == pytest.approx(20.0)  # wrong only at m=1: 30 - 10
     assert always.regret_rel == pytest.approx(20.0 / 60.0) == pytest.approx(always.baselines["always_fuse"])
@@ -185,3 +189,36 @@ def test_training_refuses_mixed_sources_and_too_few_shapes(rows):
     with pytest.raises(ValueError, match="unknown features"):
         T.feature_matrix(rows.head(2), ["m", "flops"])
     assert np.isfinite(T.feature_matrix(rows.head(3))).all()
+
+
+def test_no_split_answers_the_same_on_both_sides_and_unsure_stays_possible():
+    """A split whose two leaves both say no_fuse is one leaf; a leaf whose samples agree only 6 to 4 is "unsure"
+    (the confidence threshold never drops to where no leaf can fall under it)."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sp_lab.rules import Leaf, Split
+
+    # M <= 8: 10 x no_fuse; M > 8: 6 x no_fuse, 4 x fuse. The tree splits (the right half is less pure),
+    # but both halves answer no_fuse.
+    m = np.array([[1.0]] * 10 + [[64.0]] * 10)
+    y = np.array(["no_fuse"] * 10 + ["no_fuse"] * 6 + ["fuse"] * 4)
+    tree = DecisionTreeClassifier(max_depth=1).fit(m, y)
+    assert tree.tree_.node_count == 3  # sklearn did split
+    rule = T.tree_to_rule(tree, ["m"], min_confidence=0.5)  # both halves answer no_fuse
+
+    def splits_with_equal_leaves(node):
+        if isinstance(node, Leaf):
+            return 0
+        same = isinstance(node.left, Leaf) and isinstance(node.right, Leaf) and node.left.choice == node.right.choice
+        return int(same) + splits_with_equal_leaves(node.left) + splits_with_equal_leaves(node.right)
+
+    assert not isinstance(rule.root, Split) and splits_with_equal_leaves(rule.root) == 0
+    assert rule.root.choice == "no_fuse" and rule.root.samples == 20 and rule.root.confidence == pytest.approx(0.8)
+    # the 6:4 leaf on its own, kept as a split from a clean one, is unsure at the least threshold
+    y2 = np.array(["fuse"] * 10 + ["no_fuse"] * 6 + ["fuse"] * 4)
+    split = T.tree_to_rule(DecisionTreeClassifier(max_depth=1).fit(m, y2), ["m"], min_confidence=T.MIN_CONFIDENCE)
+    assert split.decide(64, 1, 1) == "unsure" and split.decide(1, 1, 1) == "fuse"
+    # a validation set with no costly mistakes still gets a threshold a leaf can fall under
+    labelled = pl.DataFrame({"fused_us": [1.0] * 20, "unfused_us": [1.0] * 20})
+    threshold, _ = T.choose_confidence_threshold(tree, m, labelled)
+    assert threshold >= T.MIN_CONFIDENCE > 0.5

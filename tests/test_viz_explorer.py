@@ -461,3 +461,21 @@ def test_explorer_widget_click_through(reports):
     assert ex.data.range_index == 0 and not ex.data.range.enable_sp and ex.links is None
     failed = explore(_path("toy_inplace", "none"))
     assert failed.piece_figure is None and "compile failed" in failed.overview_figure.layout.title.text
+
+
+def test_shapes_read_in_the_models_terms_and_abbreviations_have_a_key(reports):
+    """The compiler's symbols (s37, ((s37 + 1)//2)) are shown as N and ceil(N/2) wherever a shape is printed,
+    and every figure that abbreviates (RS, AG+mm, B/tok) carries the key to them."""
+    import re
+
+    report = reports[("llama", "sharded")]
+    data = graph.overview_data(report)
+    overview = graph.build_overview_figure(data)
+    texts = _all_text(overview)
+    assert "ceil(N/2)" in texts  # the residual crosses sharded: [ceil(N/tp), H] at tp 2
+    assert not re.search(r"\bs\d+\b", texts), "a compiler symbol is shown raw"
+    piece = graph.build_piece_figure(graph.piece_diff_data(report, None, 2), "after")
+    assert not re.search(r"\bs\d+\b", _all_text(piece))
+    for fig in (overview, piece):
+        (key,) = [a.text for a in fig.layout.annotations if "B/tok = bytes per token" in a.text]
+        assert "RS = reduce-scatter" in key and "AG+mm = all-gather fused" in key and "N = tokens" in key

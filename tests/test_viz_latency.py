@@ -106,8 +106,15 @@ def test_thresholds_and_regret_are_the_regret_table_of_the_config(sweep):
 
     fig = latency.build_latency_figure(data)
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
-    assert "us" in fig.layout.yaxis.title.text and "%" in fig.layout.yaxis2.title.text
+    assert "us" in fig.layout.yaxis.title.text and fig.layout.yaxis2.ticksuffix == "%"
+    # a percentage axis from 0 that holds the worst regret
+    assert fig.layout.yaxis2.range[0] == 0 and fig.layout.yaxis2.range[1] >= 100 * table["regret_rel"].max()
+    # the shared token axis is labelled at the measured counts, on both panels
+    assert list(fig.layout.xaxis2.tickvals) == list(TOKENS) and list(fig.layout.xaxis2.ticktext) == [str(n) for n in TOKENS]
+    assert list(fig.layout.xaxis.tickvals) == list(TOKENS)
     assert "source: measured" in fig.layout.title.text
+    titles = [a.text for a in fig.layout.annotations if a.xref != "x"]
+    assert not any("source:" in t for t in titles), titles  # the source is said once, in the title
     assert sorted(s.x0 for s in fig.layout.shapes) == [128, 1024]
     labels = {a.text: a.x for a in fig.layout.annotations if a.xref == "x"}
     assert labels == pytest.approx({"async_tp_min_tokens=128": math.log10(128),
@@ -127,7 +134,22 @@ def test_intervals_are_drawn_when_rows_carry_them(sweep):
     trace = next(t for t in latency.build_latency_figure(data).data if t.name == "sp")
     assert list(trace.error_y.array) == pytest.approx([2.0] * len(TOKENS))
     assert list(trace.error_y.arrayminus) == pytest.approx([1.0] * len(TOKENS))
-    assert latency.latency_data(sweep).error_bars == "p10-p90"
+    # rows without an interval get no bar (not a p10-p90 bar under the same name), and the axis says so
+    bare = latency.latency_data(sweep)
+    assert bare.error_bars.startswith("95% CI of the median") and "none recorded" in bare.error_bars
+    trace = next(t for t in latency.build_latency_figure(bare).data if t.name == "sp")
+    assert all(v is None for v in trace.error_y.array)
+
+
+def test_zero_regret_reads_as_zero_percent_not_noise(sweep):
+    """A config that runs the fastest variant everywhere: the regret panel is 0% on a 0-5% axis, said in words."""
+    best = sweep.group_by("num_tokens").agg(pl.col("latency_us").min())
+    fastest_everywhere = sweep.join(best, on=["num_tokens", "latency_us"]).with_columns(variant=pl.lit("baseline"))
+    data = latency.latency_data(fastest_everywhere, config=LabConfig(enable_sp=False, enable_async_tp=False))
+    assert data.regret.height and data.regret["regret_rel"].max() == 0.0
+    fig = latency.build_latency_figure(data)
+    assert tuple(fig.layout.yaxis2.range) == (0, 5.0) and fig.layout.yaxis2.ticksuffix == "%"
+    assert any("0% regret at every measured token count" in a.text for a in fig.layout.annotations)
 
 
 def test_no_config_means_no_regret(sweep):

@@ -153,3 +153,64 @@ def parallel_titan(plan: str, world_size: int) -> TinyTitan:
 
     model = TinyTitan()
     return parallelize_module(model, init_device_mesh("cpu", (world_size,)), PLANS[plan]())
+
+
+# -- FP8, written as vLLM runs it on Hopper, in plain PyTorch -------------------------------------------------
+
+FP8 = torch.float8_e4m3fn
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [T, K]`` -> ``(x_fp8, scale)``: dynamic per-token scales ``[T, 1]``, or the given static scalar."""
+    if scale is None:
+        scale = (x.abs().amax(-1, keepdim=True).float() / 448.0).clamp(min=1e-12)
+    return (x.float() / scale).clamp(-448.0, 448.0).to(FP8), scale
+
+
+class Fp8Stack(nn.Module):
+    """A tensor-parallel FP8 MLP stack on ``[T, H]`` bf16 activations, no sp_lab layer in it.
+
+    Per layer: RMSNorm -> column-parallel ``torch._scaled_mm`` (+ bias, as Qwen2's q/k/v) -> SiLU ->
+    row-parallel ``torch._scaled_mm`` -> functional all_reduce -> residual add. Rowwise: per-channel weight
+    and per-token activation scales; tensorwise: scalar weight and static activation scales. The full
+    weights are drawn from ``seed`` and sliced per rank, so every tp gives the same model.
+    """
+
+    def __init__(self, *, tp: int = 1, rank: int = 0, tensorwise: bool = False, hidden: int = 32, inner: int = 64,
+                 layers: int = 2, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.tp, self.tensorwise = tp, tensorwise
+        self.input_scale = torch.tensor(8.0 / 448.0)
+        cols, rows = slice(rank * inner // tp, (rank + 1) * inner // tp), slice(rank * inner // tp, (rank + 1) * inner // tp)
+        self.layers = []
+        for _ in range(layers):
+            up, down = torch.randn(inner, hidden, generator=g) / hidden**0.5, torch.randn(hidden, inner, generator=g) / inner**0.5
+            bias = 0.1 * torch.randn(inner, generator=g)
+            norm = 1 + 0.1 * torch.randn(hidden, generator=g)
+            self.layers.append((*self._quantize(up[cols]), bias[cols].bfloat16(), *self._quantize(down[:, rows]),
+                                norm.bfloat16()))
+
+    def _quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # A real checkpoint's per-channel scale comes from the full row; for the row-parallel weight each rank's
+        # slice is scaled on its own here, which is still an exact FP8 model of its own.
+        scale = (w.abs().amax() if self.tensorwise else w.abs().amax(-1, keepdim=True)) / 448.0
+        return (w / scale).to(FP8), scale.float().reshape(1, -1) if not self.tensorwise else scale.float()
+
+    def _scaled(self, x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=None) -> torch.Tensor:
+        x_fp8, x_scale = quantize_fp8(x, self.input_scale if self.tensorwise else None)
+        return torch._scaled_mm(x_fp8, w.t(), x_scale, w_scale, bias=bias, out_dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+
+        residual = x
+        for up, up_scale, bias, down, down_scale, norm in self.layers:
+            h = F.rms_norm(residual, (residual.shape[-1],), norm, 1e-6)
+            h = F.silu(self._scaled(h, up, up_scale, bias))
+            out = self._scaled(h, down, down_scale)
+            if self.tp > 1:
+                out = funcol.all_reduce(out, "sum", dist.group.WORLD)
+            residual = residual + out
+        return residual

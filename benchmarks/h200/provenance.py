@@ -1,4 +1,4 @@
-"""The provenance block every file under sp_lab/data/h200/ carries: device, driver, torch, CUDA, date, command."""
+"""The provenance block every file under data/h200/ carries: device, driver, torch, CUDA, date, command."""
 
 from __future__ import annotations
 

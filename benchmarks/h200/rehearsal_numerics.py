@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import provenance
 
-from sp_lab.distributed.rehearsal import CASES, rehearse_case
+from sp_lab.bench.rehearsal import CASES, rehearse_case
 
 
 def _write(out_dir: str, rows: list[dict], failures: list[str]) -> None:

@@ -1,14 +1,15 @@
-"""Measured multi-GPU sweeps against the what-if model, and the numbers issue #7's closing note asks for.
+"""Measured multi-GPU sweeps against the performance model, and the numbers issue #7's closing note asks for.
 
     python benchmarks/multigpu/compare.py data/multigpu/multigpu_rows.parquet --out data/multigpu/compare
 
 Reads measured rows (``source="measured"``, the parquet ``benchmarks/multigpu/plan.py`` returns or any sweep
 store folder), and for every setup (model, tp, boundary, layers, dtype, device):
 
-1. predicts the same sweep with :func:`sp_lab.tuning.simulate.predict_sweep` (matmul times from the shipped
-   H200 table; a roofline fitted to it where the table lacks a shape, which the ``matmul_model`` column says)
-   and reports the error **per point**. Two errors per point, because the model leaves out what every
-   variant shares (attention, embedding, LM head and its logits all_gather): ``rel_error`` on the latency
+1. predicts the same sweep with :func:`sp_lab.tuning.predict.layer.predict_layers` (``source="predicted"``:
+   matmul times from the shipped H200 tables, a roofline fitted to them where a shape is missing, which the
+   ``matmul_model`` column says; the fused kernels as chunk pipelines; ``--gpu`` picks the GPU and its
+   interconnect) and reports the error **per point**. Two errors per point, because the model leaves out
+   embedding, LM head and its logits all_gather (attention is included): ``rel_error`` on the latency
    itself, and ``delta_error_us`` on the variant's saving over ``baseline`` at the same token count,
    where the shared parts cancel;
 2. the speedup of ``sp+async_tp`` over ``baseline`` per token count;
@@ -34,22 +35,19 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from sp_lab.config import LabConfig, vllm_sp_min_token_num
+from sp_lab.config import LabConfig
 from sp_lab.models.registry import resolve_config
 from sp_lab.tuning.policy import recommend
+from sp_lab.tuning.predict.hardware import gpu_names
+from sp_lab.tuning.predict.kernels import MatmulTable, dtype_bytes
+from sp_lab.tuning.predict.layer import Target, predict_layers
+from sp_lab.tuning.predict.measured import compare_to_measured
 from sp_lab.tuning.regret import regret_table
-from sp_lab.tuning.simulate import (
-    INTERCONNECTS,
-    MatmulTable,
-    compare_to_measured,
-    fit_roofline,
-    predict_sweep,
-)
-from sp_lab.vocabulary import NEVER
+from sp_lab.vllm_releases import vllm_sp_min_token_num
+from sp_lab.vocabulary import describe_threshold
 
 SETUP = ("model", "tp", "boundary", "num_layers", "dtype", "hidden_size", "device_name")
 REFERENCE = ("baseline", "sp", "sp+async_tp")
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def load_measured(path: Path) -> pl.DataFrame:
@@ -83,24 +81,22 @@ def _predicted_tuned(pred: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame
     return chosen.drop("enable_sp", "async_tp_min_tokens").with_columns(variant=pl.lit("tuned"))
 
 
-def predict_for(setup: dict, tokens: list[int], table: MatmulTable, comm_name: str) -> tuple[pl.DataFrame, str]:
-    """The what-if sweep for one measured setup, and which matmul model served it."""
+def predict_for(setup: dict, tokens: list[int], table: MatmulTable, gpu: str) -> tuple[pl.DataFrame, str]:
+    """The predicted sweep for one measured setup (bf16 kernel tables), and which matmul model served it."""
     spec = resolve_config(setup["model"], num_layers=int(setup["num_layers"]))
-    kwargs = {"num_layers": int(setup["num_layers"]), "comm": INTERCONNECTS[comm_name],
-              "dtype_bytes": DTYPE_BYTES.get(setup["dtype"], 2)}
-    try:
-        return predict_sweep(spec, int(setup["tp"]), tokens, table, **kwargs), "h200 table"
-    except KeyError:  # a shape the shipped H200 table lacks (e.g. llama-2-7b's 11008-wide MLP)
-        return predict_sweep(spec, int(setup["tp"]), tokens, fit_roofline(table), **kwargs), "roofline fit"
+    pred = predict_layers(spec, int(setup["tp"]), tokens, Target.of(gpu), num_layers=int(setup["num_layers"]),
+                          table=table, full_layer=True)
+    # a shape the shipped H200 tables lack (e.g. llama-2-7b's 11008-wide MLP) came from the roofline fit
+    return pred, "h200 table" if pred["estimated_shapes"][0] == "none" else "roofline fit"
 
 
-def prediction_errors(measured: pl.DataFrame, table: MatmulTable, comm_name: str = "h200-nvlink4") -> pl.DataFrame:
+def prediction_errors(measured: pl.DataFrame, table: MatmulTable, gpu: str = "h200") -> pl.DataFrame:
     """Per setup, variant and token count: measured vs predicted latency and saving over baseline."""
     frames = []
     for setup_rows in measured.partition_by(list(SETUP), maintain_order=True):
         setup = setup_rows.row(0, named=True)
         tokens = sorted(setup_rows["num_tokens"].unique().to_list())
-        pred, how = predict_for(setup, tokens, table, comm_name)
+        pred, how = predict_for(setup, tokens, table, gpu)
         pred = pl.concat([pred, _predicted_tuned(pred, setup_rows)], how="vertical_relaxed")
         cmp = compare_to_measured(pred, setup_rows, on=("num_tokens", "variant"))
         base = cmp.filter(pl.col("variant") == "baseline").select(
@@ -112,7 +108,7 @@ def prediction_errors(measured: pl.DataFrame, table: MatmulTable, comm_name: str
             "base_pred", "base_meas")
         frames.append(cmp.with_columns(
             **{k: pl.lit(setup[k]) for k in ("model", "tp", "boundary", "num_layers", "device_name")},
-            matmul_model=pl.lit(how), comm_model=pl.lit(comm_name)))
+            matmul_model=pl.lit(how), comm_model=pl.lit(pred["interconnect"][0])))
     cols = ["model", "tp", "boundary", "num_layers", "variant", "num_tokens", "measured_us", "predicted_us",
             "error_us", "rel_error", "measured_delta_us", "predicted_delta_us", "delta_error_us", "matmul_model",
             "comm_model", "device_name"]
@@ -153,13 +149,13 @@ def thresholds(measured: pl.DataFrame) -> pl.DataFrame:
         setup = setup_rows.row(0, named=True)
         tuned_cfg = _tuned_config(setup_rows)
         if tuned_cfg is not None:
-            measured_thr = tuned_cfg.async_tp_min_tokens if tuned_cfg.enable_sp else NEVER
+            measured_thr = describe_threshold(tuned_cfg.async_tp_min_tokens if tuned_cfg.enable_sp else None)
         else:
             measured_thr = None
         try:
             rec = recommend(setup_rows.filter(pl.col("variant").is_in(REFERENCE)),
                             tuned_cfg or LabConfig(tp_size=int(setup["tp"])))
-            recommended = NEVER if rec.threshold is None else rec.threshold
+            recommended = describe_threshold(rec.threshold)
         except ValueError as e:
             recommended = f"n/a ({e})"
         rows.append({
@@ -167,7 +163,7 @@ def thresholds(measured: pl.DataFrame) -> pl.DataFrame:
             "tuned_async_tp_min_tokens": str(measured_thr),
             "recommended_from_rows": str(recommended),
             "vllm_sp_min_token_num": str(vllm_sp_min_token_num(
-                int(setup["hidden_size"]), DTYPE_BYTES.get(setup["dtype"], 2), int(setup["tp"]))),
+                int(setup["hidden_size"]), dtype_bytes(setup["dtype"]), int(setup["tp"]))),
         })
     return pl.DataFrame(rows)
 
@@ -210,11 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", type=Path, help="measured rows: a .parquet file or a sweep-store folder")
     parser.add_argument("--out", type=Path, default=Path("out/multigpu_compare"), help="output folder")
-    parser.add_argument("--comm", default="h200-nvlink4", choices=sorted(INTERCONNECTS),
-                        help="interconnect model of the prediction")
+    parser.add_argument("--gpu", default="h200", choices=gpu_names(),
+                        help="GPU (and its interconnect) the prediction is for")
     args = parser.parse_args(argv)
     measured = load_measured(args.rows)
-    errors = prediction_errors(measured, MatmulTable.default(), args.comm)
+    errors = prediction_errors(measured, MatmulTable.default(), args.gpu)
     tables = {"speedup": speedups(measured), "thresholds": thresholds(measured), "regret": regret(measured),
               "prediction_errors": errors}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -228,9 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         median_abs_delta_error_us=pl.col("delta_error_us").abs().median(),
     ).sort("model", "tp", "boundary", "variant")
     text = (
-        f"# Multi-GPU sweeps vs the what-if model\n\nRows: `{args.rows}` ({measured.height} measured). "
-        "Predictions: `sp_lab.tuning.simulate.predict_sweep` (attention, embedding and LM head excluded, so "
-        "`rel_error` is biased low; `delta_error_us` compares savings over baseline, where they cancel).\n\n"
+        f"# Multi-GPU sweeps vs the performance model\n\nRows: `{args.rows}` ({measured.height} measured). "
+        f"Predictions: `sp_lab.tuning.predict` for {args.gpu} (source: predicted; embedding and LM head "
+        "excluded, so `rel_error` is biased low; `delta_error_us` compares savings over baseline, where they "
+        "cancel; model and its validation: docs/predictions.md).\n\n"
         "## Speedup of sp+async_tp over baseline\n\n" + markdown(tables["speedup"])
         + "\n## Tuned threshold per model and tp\n\n" + markdown(tables["thresholds"])
         + "\n## Regret of the tuned config at every token count\n\n" + markdown(tables["regret"])

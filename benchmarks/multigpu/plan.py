@@ -56,7 +56,7 @@ if str(REPO) not in sys.path:
 # (model preset, tp, decoder layers kept). The 7B/8B models keep 8 of their 32 layers and the 70B shape 4 of
 # its 80: compile cost does not grow with depth (identical layers share one artifact) but weight
 # initialisation, CUDA-graph captures and the 10-minute call do. Per-layer effects are what the
-# comparison needs; the what-if model is evaluated for the same depth.
+# comparison needs; the performance model is evaluated for the same depth.
 MATRIX: tuple[tuple[str, int, int], ...] = (
     ("llama-2-7b", 2, 8),
     ("llama-3-8b", 2, 8),

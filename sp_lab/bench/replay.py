@@ -1,8 +1,8 @@
 """Recorded rows from elsewhere (another machine's store, a parquet or CSV file): one loader for all callers.
 
 :func:`read_recorded` reads them as they are (the tuner shows them so); :func:`import_recorded` adds them
-to a store as ``source="replayed"`` (simulated rows keep ``"simulated"``: the what-if model's numbers
-are never relabelled as timings), keeping their ``row_id`` so that importing a file twice adds nothing.
+to a store as ``source="replayed"`` (rows a model computed keep their source, ``"predicted"`` or
+``"simulated"``: a model's numbers are never relabelled as timings, which the tuner would tune on), keeping their ``row_id`` so that importing a file twice adds nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from sp_lab.bench.store import NULLABLE_COLUMNS, ROW_SCHEMA, SweepStore
-from sp_lab.vocabulary import REPLAYED, SIMULATED
+from sp_lab.vocabulary import MODELLED_SOURCES, REPLAYED
 
 
 class ReplayError(ValueError):
@@ -20,8 +20,19 @@ class ReplayError(ValueError):
 
 
 def read_recorded(path: str | Path) -> pl.DataFrame:
-    """Rows of a store directory, a ``.parquet`` or a ``.csv`` file (CSV columns typed as :data:`ROW_SCHEMA`)."""
-    src = Path(path)
+    """Rows of a store directory, a ``.parquet`` or a ``.csv`` file (CSV columns typed as :data:`ROW_SCHEMA`).
+
+    A relative ``path`` that does not exist here is looked up in the project too
+    (:func:`sp_lab.paths.resolve_in_project`): ``"out/sweeps"`` works from a notebook in ``notebooks/``.
+    """
+    from sp_lab.paths import project_root, resolve_in_project
+
+    src = resolve_in_project(path)
+    if not src.exists():
+        places = sorted({str(Path.cwd()), str(project_root())})
+        raise ReplayError(f"cannot replay {path}: it does not exist (looked in {' and '.join(places)}); give a "
+                          "sweep store directory, a .parquet or a .csv file (the default store is filled by "
+                          "`python -m sp_lab sweep` or `make run`)")
     if src.is_dir():
         df = SweepStore(src).read()
     elif src.suffix == ".parquet":
@@ -31,7 +42,8 @@ def read_recorded(path: str | Path) -> pl.DataFrame:
     else:
         raise ReplayError(f"cannot replay {src}: expected a store directory, a .parquet or a .csv file")
     if df.height == 0:
-        raise ReplayError(f"{src} holds no rows")
+        raise ReplayError(f"{src} holds no rows: run a sweep first (`python -m sp_lab sweep --store {src}`, "
+                          "or the tuner's Run sweep) or replay another store")
     return df
 
 
@@ -42,8 +54,8 @@ def import_recorded(path: str | Path, store: str | Path) -> int:
     missing = sorted(set(ROW_SCHEMA) - set(df.columns) - NULLABLE_COLUMNS - {"schema_version", "row_id"})
     if missing:
         raise ReplayError(f"{src} lacks columns {missing}; recorded rows must carry full provenance")
-    is_sim = pl.col("source") == SIMULATED
-    df = df.with_columns(source=pl.when(is_sim).then(pl.lit(SIMULATED)).otherwise(pl.lit(REPLAYED)))
+    modelled = pl.col("source").is_in(list(MODELLED_SOURCES))
+    df = df.with_columns(source=pl.when(modelled).then(pl.col("source")).otherwise(pl.lit(REPLAYED)))
     dest = SweepStore(store)
     if "row_id" in df.columns:  # keep the recorded ids: replaying the same file twice adds nothing
         df = df.filter(~pl.col("row_id").is_in(dest.read()["row_id"].implode()))

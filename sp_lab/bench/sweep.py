@@ -544,9 +544,9 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
 
 
 def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
-    import sp_lab
+    from sp_lab.compiler.backend import compile as compile_model
 
-    return sp_lab.compile(model, config)
+    return compile_model(model, config)
 
 
 # ---------------------------------------------------------------------------------------------- launching

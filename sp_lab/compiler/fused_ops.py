@@ -8,7 +8,8 @@ registers two ops of its own with the same semantics:
 - ``sp_lab::fused_all_gather_matmul(a [c, K], b [K, N]) -> [tp*c, N]``: ``all_gather(a, dim 0) @ b``
 - ``sp_lab::fused_matmul_reduce_scatter(a [M, K], b [K, N]) -> [M/tp, N]``: ``reduce_scatter(a @ b, dim 0)``
 
-They are chunked the way the CUDA kernels are (one chunk of rows per rank) and overlap what gloo lets them
+and their FP8 forms (``sp_lab::fused_all_gather_scaled_matmul``, ``sp_lab::fused_scaled_matmul_reduce_scatter``,
+``torch._scaled_mm`` per chunk, at the end of this file). They are chunked the way the CUDA kernels are (one chunk of rows per rank) and overlap what gloo lets them
 overlap: the local chunk's matmul runs while the all_gather is in flight, and each reduce-scatter chunk is
 sent (``dist.reduce`` to its owner) as soon as its matmul is done. They exist so the whole pipeline runs and
 is tested without a GPU; gloo on 2 cores is a correctness path, not a speed claim.
@@ -22,7 +23,13 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from sp_lab.distributed.collectives import all_gather_single
 
-__all__ = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter", "symm_mem_ops_available"]
+__all__ = [
+    "fused_all_gather_matmul",
+    "fused_all_gather_scaled_matmul",
+    "fused_matmul_reduce_scatter",
+    "fused_scaled_matmul_reduce_scatter",
+    "symm_mem_ops_available",
+]
 
 
 def symm_mem_ops_available() -> bool:
@@ -88,3 +95,104 @@ def fused_matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group_name: st
 @fused_matmul_reduce_scatter.register_fake
 def _(a, b, group_name, group_size):
     return a.new_empty((a.shape[0] // group_size, b.shape[1]))
+
+
+# -- scaled (FP8) matmuls -------------------------------------------------------------------------------------
+# The same two fusions for ``torch._scaled_mm``, with the semantics of PyTorch's ``fused_all_gather_scaled_matmul``
+# / ``fused_scaled_matmul_reduce_scatter``: a row-wise scale ``[rows, 1]`` travels with its rows, a tensor-wise
+# scale ``[]`` applies to every chunk. FP8 values cross gloo as bytes (gloo has no float8 type).
+
+
+def _scale_rows(scale: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The scale of rows ``[start, stop)``: a row-wise scale's slice, a tensor-wise scale itself.
+
+    Row-wise slices are re-viewed with stride ``(1, 1)``: Inductor may hand a ``[c, 1]`` scale over with any
+    stride in its size-1 dimension, and ``_scaled_mm`` refuses ``stride(1) != 1``.
+    """
+    return scale[start:stop].flatten().unsqueeze(1) if scale.dim() == 2 else scale
+
+
+@torch.library.custom_op("sp_lab::fused_all_gather_scaled_matmul", mutates_args=())
+def fused_all_gather_scaled_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    group_name: str,
+    group_size: int,
+) -> torch.Tensor:
+    """``_scaled_mm(all_gather(a), b, all_gather(a_scale) or a_scale, b_scale, bias)``, local chunk first.
+
+    a: [c, K] float8 shard; a_scale: [c, 1] (row-wise, gathered with a) or [] (tensor-wise); b: [K, N] float8
+    (column-major); b_scale: [1, N] or []; returns [group_size * c, N] in ``out_dtype``, rank order.
+    """
+    group = _resolve_process_group(group_name)
+    rank = dist.get_rank(group)
+    c, rowwise = a.shape[0], a_scale.dim() == 2
+    gathered = torch.empty((group_size * c, a.shape[1]), dtype=torch.uint8, device=a.device)
+    works = [all_gather_single(gathered, a.contiguous().view(torch.uint8), group=group, async_op=True)]
+    scales = a_scale
+    if rowwise:
+        scales = a_scale.new_empty((group_size * c, 1))
+        works.append(all_gather_single(scales, a_scale.contiguous(), group=group, async_op=True))
+    out = torch.empty((group_size * c, b.shape[1]), dtype=out_dtype, device=a.device)
+
+    def chunk_mm(rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(rows, b, scale, b_scale, bias=bias, out_dtype=out_dtype)
+
+    out[rank * c : (rank + 1) * c] = chunk_mm(a, _scale_rows(a_scale, 0, c))
+    for work in works:
+        work.wait()
+    values = gathered.view(a.dtype)
+    for peer in range(group_size):
+        if peer != rank:
+            out[peer * c : (peer + 1) * c] = chunk_mm(values[peer * c : (peer + 1) * c],
+                                                       _scale_rows(scales, peer * c, (peer + 1) * c))
+    return out
+
+
+@fused_all_gather_scaled_matmul.register_fake
+def _(a, b, a_scale, b_scale, bias, out_dtype, group_name, group_size):
+    return a.new_empty((group_size * a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("sp_lab::fused_scaled_matmul_reduce_scatter", mutates_args=())
+def fused_scaled_matmul_reduce_scatter(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    group_name: str,
+    group_size: int,
+) -> torch.Tensor:
+    """``reduce_scatter(_scaled_mm(a, b, a_scale, b_scale), dim=0, sum)``, chunk by chunk as in
+    :func:`fused_matmul_reduce_scatter`.
+
+    a: [M, K] float8, M divisible by group_size; a_scale: [M, 1] or []; returns [M / group_size, N] in
+    ``out_dtype``.
+    """
+    group = _resolve_process_group(group_name)
+    rank = dist.get_rank(group)
+    if a.shape[0] % group_size:
+        raise ValueError(
+            f"fused_scaled_matmul_reduce_scatter: {a.shape[0]} rows do not split into {group_size} equal chunks; "
+            "the sequence-parallel pass pads the token dimension to a multiple of tp before this op"
+        )
+    c = a.shape[0] // group_size
+    chunks, works = [], []
+    for owner in range(group_size):
+        chunk = torch._scaled_mm(a[owner * c : (owner + 1) * c], b, _scale_rows(a_scale, owner * c, (owner + 1) * c),
+                                 b_scale, out_dtype=out_dtype)
+        works.append(dist.reduce(chunk, dst=dist.get_global_rank(group, owner), group=group, async_op=True))
+        chunks.append((owner, chunk))
+    for work in works:
+        work.wait()
+    return next(chunk for owner, chunk in chunks if owner == rank)
+
+
+@fused_scaled_matmul_reduce_scatter.register_fake
+def _(a, b, a_scale, b_scale, out_dtype, group_name, group_size):
+    return a.new_empty((a.shape[0] // group_size, b.shape[1]), dtype=out_dtype)

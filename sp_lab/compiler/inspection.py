@@ -41,12 +41,20 @@ COUNTED_OPS: dict[CountKey, tuple[str, ...]] = {
     CountKey.ALL_REDUCE: ("_c10d_functional::all_reduce",),
     CountKey.REDUCE_SCATTER: ("_c10d_functional::reduce_scatter_tensor",),
     CountKey.ALL_GATHER: ("_c10d_functional::all_gather_into_tensor",),
-    CountKey.FUSED_ALL_GATHER_MATMUL: ("sp_lab::fused_all_gather_matmul", "symm_mem::fused_all_gather_matmul"),
+    # Scaled (FP8) matmuls count with the others: a fused op is a fused op, a matmul a matmul.
+    CountKey.FUSED_ALL_GATHER_MATMUL: (
+        "sp_lab::fused_all_gather_matmul",
+        "symm_mem::fused_all_gather_matmul",
+        "sp_lab::fused_all_gather_scaled_matmul",
+        "symm_mem::fused_all_gather_scaled_matmul",
+    ),
     CountKey.FUSED_MATMUL_REDUCE_SCATTER: (
         "sp_lab::fused_matmul_reduce_scatter",
         "symm_mem::fused_matmul_reduce_scatter",
+        "sp_lab::fused_scaled_matmul_reduce_scatter",
+        "symm_mem::fused_scaled_matmul_reduce_scatter",
     ),
-    CountKey.MM: ("aten::mm", "aten::addmm"),
+    CountKey.MM: ("aten::mm", "aten::addmm", "aten::_scaled_mm"),
 }
 assert tuple(COUNTED_OPS) == OP_KEYS
 _KEY_OF = {name: key for key, names in COUNTED_OPS.items() for name in names}

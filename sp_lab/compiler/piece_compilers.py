@@ -6,10 +6,10 @@
 - :class:`PassesOnly`: trace to the aten graph Inductor would receive and run the passes on it, no code
   generation (inspect-only compiles of meta-device models).
 
-Each returns a :class:`CompiledPiece`: the callable and the record our post-grad pass filled. Inductor's
-FX-graph cache stays on; on a cache hit the pass does not run, so the record it made the first time is kept
+Each returns a :class:`CompiledPiece`: the callable and the record our post-grad passes filled. Inductor's
+FX-graph cache stays on; on a cache hit the passes do not run, so the record they made the first time is kept
 beside the cache as JSON (the same :class:`PieceRecord`, written with the report's encoder) under the
-pass's ``uuid()`` and the piece's structural fingerprint.
+pass manager's ``uuid()`` and the piece's structural fingerprint.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from sp_lab.compiler.artifact_cache import cache_dir as artifact_cache_dir
 from sp_lab.compiler.artifact_cache import write_atomic
 from sp_lab.compiler.inspection import structural_fingerprint
-from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
+from sp_lab.compiler.passes.post_grad import PostGradPassManager
 from sp_lab.compiler.report import PieceRecord, ReportError, record_from_json, record_to_json
 
 __all__ = ["CompiledPiece", "InductorPieces", "PassesOnly", "PieceCompiler", "choose_piece_compiler"]
@@ -48,8 +48,8 @@ class CompiledPiece:
 
 
 class PieceCompiler(Protocol):
-    def __call__(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> CompiledPiece:
-        """Compile ``gm`` for ``inputs`` (fake) with ``sp_pass`` as Inductor's post-grad pass."""
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
+        """Compile ``gm`` for ``inputs`` (fake) with ``passes`` as Inductor's post-grad pass."""
         ...
 
 
@@ -64,32 +64,32 @@ class InductorPieces:
 
     aten: bool = False  # the piece is already functional aten (sharded path): inner compile, no AOT trace
 
-    def __call__(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> CompiledPiece:
-        side_file = _record_path(sp_pass.uuid(), structural_fingerprint(gm, inputs))
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
+        side_file = _record_path(passes.uuid(), structural_fingerprint(gm, inputs))
         compile_one = _compile_aten_piece if self.aten else compile_fx
-        with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": True}):
+        with torch._inductor.config.patch({"post_grad_custom_post_pass": passes, "fx_graph_cache": True}):
             fn = compile_one(gm, inputs)
-        if sp_pass.record is not None:
-            _save(side_file, sp_pass.record)
-            return CompiledPiece(fn, sp_pass.record, False)
+        if passes.record is not None:
+            _save(side_file, passes.record)
+            return CompiledPiece(fn, passes.record, False)
         replayed = _load(side_file)
         if replayed is not None:
-            return CompiledPiece(fn, dataclasses.replace(replayed, index=sp_pass.piece_index,
-                                                         name=sp_pass.piece_name), True)
+            return CompiledPiece(fn, dataclasses.replace(replayed, index=passes.piece_index,
+                                                         name=passes.piece_name), True)
         # A cache hit without our record: compile again with the cache off, so a report is never made up.
-        with torch._inductor.config.patch({"post_grad_custom_post_pass": sp_pass, "fx_graph_cache": False}):
+        with torch._inductor.config.patch({"post_grad_custom_post_pass": passes, "fx_graph_cache": False}):
             fn = compile_one(gm, inputs)
-        _save(side_file, sp_pass.record)
-        return CompiledPiece(fn, sp_pass.record, False)
+        _save(side_file, passes.record)
+        return CompiledPiece(fn, passes.record, False)
 
 
 @dataclass(frozen=True)
 class PassesOnly:
     """AOT-trace ``gm`` to the functional aten graph Inductor would receive and run the pass on it."""
 
-    def __call__(self, gm: fx.GraphModule, inputs: list[Any], sp_pass: SpLabPostGradPass) -> CompiledPiece:
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
         def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
-            sp_pass(aten_gm.graph)
+            passes(aten_gm.graph)
             aten_gm.recompile()
             return make_boxed_func(aten_gm)
 
@@ -99,7 +99,7 @@ class PassesOnly:
                 gm, inputs, fw_compiler=forward_compiler, decompositions=select_decomp_table(),
                 keep_inference_input_mutations=True,
             )
-        return CompiledPiece(fn, sp_pass.record, False)
+        return CompiledPiece(fn, passes.record, False)
 
 
 def with_tuple_output(gm: fx.GraphModule) -> fx.GraphModule | None:

@@ -33,7 +33,7 @@ from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, expla
 from sp_lab.compiler.fake_inputs import TokenGuards, meta_devices_to_cpu, range_inputs
 from sp_lab.compiler.inspection import structural_fingerprint, tensor_spec
 from sp_lab.compiler.passes.boundary import BoundaryPolicy
-from sp_lab.compiler.passes.post_grad import SpLabPostGradPass
+from sp_lab.compiler.passes.post_grad import PostGradPassManager, sp_lab_passes
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.piece_compilers import CompiledPiece, PieceCompiler, choose_piece_compiler
 from sp_lab.compiler.report import CountKey, PieceRecord, RangeReport
@@ -127,30 +127,28 @@ class RangeCompiler:
         if widths:
             get_symm_mem_workspace(self.group_name, min_size=rows * max(widths) * 4)  # 4 bytes: fp32 worst case
 
-    def _pass(self, *, sp: bool, boundary: BoundaryStrategy, index: int = 0, name: str = "graph") -> SpLabPostGradPass:
-        return SpLabPostGradPass(
+    def _passes(self, *, sp: bool, boundary: BoundaryStrategy, index: int = 0, name: str = "graph") -> PostGradPassManager:
+        """The post-grad passes of one piece; ``sp=False`` where SP already ran on the whole graph."""
+        passes = sp_lab_passes(
             tp_size=self.effective.tp_size,
             rank=self.rank,
             group_name=self.group_name,
-            enable_sp=sp,
-            enable_async_tp=self.range.enable_async_tp,
             boundary=boundary,
             m_low=self.range.lo,
             use_symm_mem=self.effective.fused_op_impl == "symm_mem",
             rule=self.config.heuristic,
             heuristic_default=self.config.heuristic_default,
-            splitting_ops=self.splitting_ops,
             token_dim=self.config.token_dim,
-            piece_index=index,
-            piece_name=name,
+            sp=sp,
         )
+        return PostGradPassManager(passes, self.range, self.group_name, self.splitting_ops, index, name)
 
     # -- strategies ------------------------------------------------------------------------------------------------
     def _compile_full_graph(self) -> Callable:
         pieces = choose_piece_compiler(inspect_only=self.inspect_only, aten=False)
-        sp_pass = self._pass(sp=self.range.enable_sp, boundary=BoundaryStrategy.SHARDED)  # one graph: SP on all of it
+        passes = self._passes(sp=self.range.enable_sp, boundary=BoundaryStrategy.SHARDED)  # one graph: SP on all of it
         start = time.perf_counter()
-        compiled = pieces(self.gm, self.example_inputs, sp_pass)
+        compiled = pieces(self.gm, self.example_inputs, passes)
         self.report.pieces = [dataclasses.replace(
             compiled.record, compile_time_s=time.perf_counter() - start, inductor_cache_hit=compiled.inductor_cache_hit,
             inputs=_input_specs(self.gm, self.example_inputs))]
@@ -231,12 +229,12 @@ class RangeCompiler:
             hit = self._dedup[fingerprint]
             return dataclasses.replace(hit, record=dataclasses.replace(
                 hit.record, index=index, name=name, cache_hit=True, compile_time_s=0.0))
-        sp_pass = self._pass(sp=sp, boundary=self.config.boundary, index=index, name=name)
+        passes = self._passes(sp=sp, boundary=self.config.boundary, index=index, name=name)
         start = time.perf_counter()
         try:
-            compiled = pieces(submod, args, sp_pass)
+            compiled = pieces(submod, args, passes)
         except Exception as e:
-            failure = copy_epilogue_failure(e, sp_pass.record)
+            failure = copy_epilogue_failure(e, passes.record)
             if failure is None:
                 raise
             failure = with_range(failure, self.range)

@@ -155,6 +155,8 @@ class FusionDecision:
     k: int | None
     decision: Literal["fuse", "no_fuse"]
     why: str
+    dtype: str | None = None
+    """The matmul's operand dtype (``"bfloat16"``, ``"float8_e4m3fn"`` for a scaled matmul, ...)."""
 
 
 @dataclass(frozen=True)

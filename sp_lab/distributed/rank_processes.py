@@ -4,7 +4,10 @@
   threads and CUDA state that do not survive a fork), each leading its own session so clean-up kills
   whole process trees (SIGTERM, then SIGKILL).
 - Worker stdout/stderr are forwarded to the caller's, prefixed ``[rank N]``, so prints appear in the
-  notebook cell; the last lines are kept for error messages.
+  notebook cell; the last lines are kept for error messages. A rank's stderr line goes to the caller's
+  stderr only when it reads as a problem (a traceback, an error, a warning); progress bars and log lines
+  that libraries write to stderr (Hugging Face's "Loading weights" bar) go to stdout, where a notebook
+  does not paint them red. A bar redrawn with carriage returns is forwarded at its last state.
 - On timeout, the stuck ranks' Python stacks are dumped (faulthandler, SIGUSR1) and quoted in the error.
 """
 
@@ -15,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,18 +38,25 @@ _TERMINATE_GRACE_S = 3.0
 _STDERR_TAIL_LINES = 400
 
 
+# What makes a stderr line a problem worth red: Python's traceback and exception lines, warnings, errors.
+_PROBLEM = re.compile(r"Traceback|Error|Exception|Warning|warn|error|FAIL|Fatal|Segmentation|Aborted")
+
+
 class _OutputPump:
     """Forwards one stream of a worker to the caller's, line by line with a ``[rank N]`` prefix.
 
     Keeps the last lines so error messages can quote what a dying rank printed.
     """
 
-    def __init__(self, source, rank: int, target: Callable[[], TextIO], keep: int):
+    def __init__(self, source, rank: int, target: Callable[[], TextIO], keep: int,
+                 calm: Callable[[], TextIO] | None = None):
         self.lines: collections.deque[str] = collections.deque(maxlen=keep)
         self.count = 0  # lines seen so far, to find what arrived after a given moment
         self._source = source
         self._prefix = f"[rank {rank}] "
         self._target = target
+        self._calm = calm  # where lines that are not problems go (None: everything to target)
+        self._in_problem = False  # inside a traceback or warning: its indented lines stay with it
         self._thread = threading.Thread(target=self._pump, name=f"sp_lab-rank{rank}-output", daemon=True)
         self._thread.start()
 
@@ -57,8 +68,12 @@ class _OutputPump:
             # A closed or odd caller stream must not kill the pump: the worker would block on a full pipe.
             with contextlib.suppress(Exception):
                 # Resolved per line: in Jupyter, sys.stdout is swapped per cell.
-                stream = self._target()
-                stream.write(self._prefix + line)
+                shown = line.rstrip("\n").split("\r")[-1] + "\n"  # a bar's last redraw
+                continues = self._in_problem and (line[:1] in (" ", "\t") or not line.strip())
+                self._in_problem = bool(_PROBLEM.search(line)) or continues
+                calm = self._calm is not None and not self._in_problem
+                stream = self._calm() if calm else self._target()
+                stream.write(self._prefix + shown)
                 stream.flush()
         self._source.close()
 
@@ -150,7 +165,8 @@ def start_worker(
         process=process,
         results=Connection(read_fd, writable=False),
         stdout=_OutputPump(process.stdout, rank, lambda: sys.stdout, keep=50),
-        stderr=_OutputPump(process.stderr, rank, lambda: sys.stderr, keep=_STDERR_TAIL_LINES),
+        stderr=_OutputPump(process.stderr, rank, lambda: sys.stderr, keep=_STDERR_TAIL_LINES,
+                           calm=lambda: sys.stdout),
     )
 
 

@@ -25,6 +25,8 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
+from sp_lab.models.fp8 import FP8_DTYPE, Fp8Scheme, quantize_weight, requantize_parts, scaled_linear
+
 # all_gather_single replaced all_gather_tensor (deprecated in torch 2.13); take whichever this torch has.
 _all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
@@ -144,7 +146,74 @@ def _parameter(shape: Sequence[int], dtype: torch.dtype, device: torch.device | 
 # --------------------------------------------------------------------------------------------------
 
 
-class ColumnParallelLinear(nn.Module):
+class _Linear(nn.Module):
+    """What column- and row-parallel layers share: the matmul, in the model dtype or in FP8.
+
+    FP8 state (:mod:`sp_lab.models.fp8`): ``weight`` float8_e4m3fn ``[out, in]``, ``weight_scale`` float32
+    (``[out, 1]`` rowwise; ``[]`` tensorwise) and, tensorwise, the static ``input_scale`` ``[]``. A model
+    gets it either by :meth:`quantize_` (random weights drawn in high precision, then quantised) or by
+    loading a checkpoint's FP8 tensors into a layer built with ``quant`` and then :meth:`fuse_scales_`.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    quant: Fp8Scheme | None
+    out_dtype: torch.dtype
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is None:
+            return F.linear(x, self.weight, self.bias)
+        return scaled_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias, self.out_dtype)
+
+    def _init_fp8(self, quant: Fp8Scheme | None, rows: int, cols: int, parts: int, dtype, device) -> None:
+        """Parameters in checkpoint layout: tensorwise scales one per fused part until :meth:`fuse_scales_`."""
+        self.quant, self.out_dtype = quant, dtype
+        self.weight = _parameter((rows, cols), FP8_DTYPE if quant else dtype, device)
+        self.input_scale = None
+        if quant is not None:
+            rowwise = quant.granularity == "rowwise"
+            self.weight_scale = _parameter((rows, 1) if rowwise else (parts,), torch.float32, device)
+            if not rowwise:
+                self.input_scale = _parameter((parts,), torch.float32, device)
+
+    def quantize_(self, quant: Fp8Scheme, input_scale: float) -> None:
+        """Replace the high-precision weight by its FP8 form (tensorwise: with ``input_scale``)."""
+        weight, scale = quantize_weight(self.weight, quant.granularity)
+        self.quant = quant
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale = nn.Parameter(scale, requires_grad=False)
+        if quant.granularity == "tensorwise":
+            self.input_scale = nn.Parameter(torch.tensor(input_scale, device=weight.device), requires_grad=False)
+
+    def fuse_scales_(self, part_rows: Sequence[int]) -> None:
+        """After loading a tensorwise checkpoint: one weight and one input scale for the fused parts."""
+        if self.quant is None or self.quant.granularity != "tensorwise":
+            return
+        weight, scale = requantize_parts(self.weight, self.weight_scale, list(part_rows))
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale = nn.Parameter(scale, requires_grad=False)
+        # q, k and v read the same activations: the largest calibrated scale keeps them all in range.
+        self.input_scale = nn.Parameter(self.input_scale.max(), requires_grad=False)
+
+    def _scale_plans(self, names: Sequence[str], full_rows: Sequence[int], shard_rows: bool) -> list[ParamPlan]:
+        """Plans of the checkpoint's ``weight_scale`` (and tensorwise ``input_scale``) tensors."""
+        if self.quant is None:
+            return []
+        if self.quant.granularity == "rowwise":
+            scales = tuple(
+                _shard_slice(f"{name}.weight_scale", (n, 1), 0, self.tp) if shard_rows
+                else TensorSlice(f"{name}.weight_scale", (n, 1))
+                for name, n in zip(names, full_rows)
+            )
+            return [ParamPlan("weight_scale", scales)]
+        return [
+            ParamPlan(param, tuple(TensorSlice(f"{name}.{param}", (1,)) for name in names))
+            for param in ("weight_scale", "input_scale")
+        ]
+
+
+
+class ColumnParallelLinear(_Linear):
     """``y = x @ W.T (+ b)`` with ``W``'s output features split across ranks; no communication.
 
     Several logical projections can be fused into one matmul (QKV, gate_up, as vLLM does): each of
@@ -164,8 +233,10 @@ class ColumnParallelLinear(nn.Module):
         bias: bool = False,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        quant: Fp8Scheme | None = None,
     ) -> None:
-        """``checkpoint_names[i]`` is the HF module name (relative to the parent) of ``output_sizes[i]``."""
+        """``checkpoint_names[i]`` is the HF module name (relative to the parent) of ``output_sizes[i]``;
+        ``quant``: FP8 parameters in checkpoint layout (see :class:`_Linear`)."""
         super().__init__()
         if len(checkpoint_names) != len(output_sizes):
             raise ValueError(
@@ -178,11 +249,12 @@ class ColumnParallelLinear(nn.Module):
         self.local_output_sizes = tuple(
             tp.shard(n, f"output features of {name}") for n, name in zip(output_sizes, checkpoint_names)
         )
-        self.weight = _parameter((sum(self.local_output_sizes), in_features), dtype, device)
-        self.bias = _parameter((sum(self.local_output_sizes),), dtype, device) if bias else None
+        rows = sum(self.local_output_sizes)
+        self._init_fp8(quant, rows, in_features, len(output_sizes), dtype, device)
+        self.bias = _parameter((rows,), dtype, device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._linear(x)
 
     def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
         """Slices of the HF ``{parent}.{name}.weight`` (and ``.bias``) tensors this rank holds."""
@@ -195,6 +267,9 @@ class ColumnParallelLinear(nn.Module):
                 ),
             )
         ]
+        plans += self._scale_plans(
+            [qualify(parent, name) for name in self.checkpoint_names], self.output_sizes, shard_rows=True
+        )
         if self.bias is not None:
             plans.append(
                 ParamPlan(
@@ -211,7 +286,7 @@ class ColumnParallelLinear(nn.Module):
         return f"in={self.in_features}, out={self.output_sizes} (local {self.local_output_sizes}), tp={self.tp.size}"
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """``y = all_reduce(x_shard @ W_shard.T)`` with ``W``'s input features split across ranks.
 
     This is where tensor parallelism communicates: each rank holds a partial sum over its slice of
@@ -230,25 +305,28 @@ class RowParallelLinear(nn.Module):
         checkpoint_name: str,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        quant: Fp8Scheme | None = None,
     ) -> None:
         super().__init__()
         self.tp = tp
         self.in_features = in_features
         self.out_features = out_features
         self.checkpoint_name = checkpoint_name
-        self.weight = _parameter(
-            (out_features, tp.shard(in_features, f"input features of {checkpoint_name}")), dtype, device
-        )
+        local_in = tp.shard(in_features, f"input features of {checkpoint_name}")
+        self._init_fp8(quant, out_features, local_in, 1, dtype, device)
+        self.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
+        out = self._linear(x)
         if self.tp.size > 1:
             out = funcol.all_reduce(out, "sum", self.tp.group())
         return out
 
     def checkpoint_plan(self, parent: str) -> list[ParamPlan]:
         name = qualify(parent, f"{self.checkpoint_name}.weight")
-        return [ParamPlan("weight", (_shard_slice(name, (self.out_features, self.in_features), 1, self.tp),))]
+        weight = ParamPlan("weight", (_shard_slice(name, (self.out_features, self.in_features), 1, self.tp),))
+        # Per output channel: every rank holds all of a row-parallel layer's output channels, so all scales.
+        return [weight, *self._scale_plans([qualify(parent, self.checkpoint_name)], [self.out_features], False)]
 
     def extra_repr(self) -> str:
         return f"in={self.in_features} (local {self.weight.shape[1]}), out={self.out_features}, tp={self.tp.size}"

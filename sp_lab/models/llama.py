@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from sp_lab.models.attention import attention  # noqa: F401  (registers torch.ops.sp_lab.attention)
+from sp_lab.models.fp8 import Fp8Scheme, quant_from_hf
 from sp_lab.models.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -74,6 +75,9 @@ class DecoderConfig:
     """Fused add+norm updates the residual with ``add_`` (vLLM's kernel) instead of out of place."""
     model_type: str = "llama"
     """HF ``model_type``: one of ``SUPPORTED_MODEL_TYPES``."""
+    quant: Fp8Scheme | None = None
+    """FP8 matmuls (q/k/v, o, gate_up, down; the embedding and LM head stay in the model dtype, as in public
+    FP8 checkpoints): from the checkpoint's ``quantization_config`` or ``build(quant=...)``."""
     source: str = ""
     """Where the numbers come from (a URL for presets, a path for checkpoints)."""
 
@@ -191,6 +195,7 @@ class DecoderConfig:
             # Qwen2 always has q/k/v biases; its config has no attention_bias field.
             attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
             model_type=model_type,
+            quant=quant_from_hf(hf),
             source=source or hf.get("_source", ""),
         )
 
@@ -222,6 +227,9 @@ class ModelSpec:
     """Parameter dtype, e.g. ``"float32"``, ``"bfloat16"``."""
     residual_inplace: bool
     """Whether the fused add+norm mutates the residual in place."""
+    quant: str | None = None
+    """``"fp8-rowwise"`` / ``"fp8-tensorwise"`` when the matmuls run in FP8 (``dtype`` is then the
+    activations' and the matmul outputs' dtype)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -250,9 +258,10 @@ class LlamaAttention(nn.Module):
             bias=cfg.attention_bias,
             dtype=dtype,
             device=device,
+            quant=cfg.quant,
         )
         self.o_proj = RowParallelLinear(
-            q_size, cfg.hidden_size, tp=tp, checkpoint_name="o_proj", dtype=dtype, device=device
+            q_size, cfg.hidden_size, tp=tp, checkpoint_name="o_proj", dtype=dtype, device=device, quant=cfg.quant
         )
         self.rotary_emb = RotaryEmbedding(cfg.head_size, cfg.rope_theta, cfg.rope_scaling, device=device)
 
@@ -275,6 +284,7 @@ class LlamaMLP(nn.Module):
             checkpoint_names=("gate_proj", "up_proj"),
             dtype=dtype,
             device=device,
+            quant=cfg.quant,
         )
         self.down_proj = RowParallelLinear(
             cfg.intermediate_size,
@@ -283,6 +293,7 @@ class LlamaMLP(nn.Module):
             checkpoint_name="down_proj",
             dtype=dtype,
             device=device,
+            quant=cfg.quant,
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -387,6 +398,7 @@ class LlamaForCausalLM(nn.Module):
             vocab_size=cfg.vocab_size,
             dtype=str(dtype).removeprefix("torch."),
             residual_inplace=cfg.residual_inplace,
+            quant=cfg.quant.name if cfg.quant else None,
         )
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """``build()``: from a name ("toy", a preset) or a local HF checkpoint to a ready TP model.
 
-Presets are Hugging Face ``config.json`` shape fields shipped in ``sp_lab/data/models/<name>.json``, each
+Presets are Hugging Face ``config.json`` shape fields shipped in ``data/models/<name>.json``, each
 with a ``_source`` naming the public config the numbers come from. Their weights are random
 (:class:`~sp_lab.models.checkpoint.RandomWeights`); a checkpoint directory brings its own.
 """
@@ -8,6 +8,7 @@ with a ``_source`` naming the public config the numbers come from. Their weights
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from pathlib import Path
 
 import torch
@@ -22,13 +23,18 @@ from sp_lab.models.checkpoint import (
     load_weights,
     read_hf_config,
 )
-from sp_lab.models.layers import TensorParallel
+from sp_lab.models.fp8 import RANDOM_INPUT_SCALE, Fp8Scheme, resolve_quant
+from sp_lab.models.layers import ColumnParallelLinear, RowParallelLinear, TensorParallel
 from sp_lab.models.llama import DecoderConfig, LlamaForCausalLM
 from sp_lab.models.toy import toy_config
 from sp_lab.resources import PRESET_DIR, load_preset, preset_names
 
-__all__ = ["PRESET_DIR", "available", "build", "resolve_config"]
+__all__ = ["PRESET_DIR", "UnknownModelError", "available", "build", "resolve_config"]
 
+
+
+class UnknownModelError(ValueError):
+    """A model name that is neither ``"toy"``, a preset nor a checkpoint directory; the message offers the closest."""
 
 
 def available() -> list[str]:
@@ -61,9 +67,11 @@ def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, *
             f"{name} is a directory without config.json; a Hugging Face checkpoint needs one"
         )
     else:
-        raise ValueError(
-            f"unknown model {name!r}; use one of {available()} or a local Hugging Face checkpoint directory "
-            "(config.json + *.safetensors)"
+        close = difflib.get_close_matches(name, available(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownModelError(
+            f"unknown model {name!r}; {hint}use one of {available()} or a local Hugging Face checkpoint "
+            "directory (config.json + *.safetensors)"
         )
     return dataclasses.replace(cfg, **overrides)
 
@@ -88,6 +96,7 @@ def build(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    quant: str | Fp8Scheme | None = None,
     **overrides,
 ) -> nn.Module:
     """Build a tensor-parallel causal LM: ``model(input_ids [T]) -> logits [T, vocab_size]``.
@@ -102,17 +111,49 @@ def build(
         device: where parameters live. ``"meta"`` builds shapes only, with no initialisation and no
             file reads, for tracing e.g. an 80-layer 70B model under the fake process group.
         seed: random-weight seed; the same seed gives the same full model at every ``tp_size``.
+        quant: ``"fp8"`` (= ``"fp8-rowwise"``: per-channel weight and dynamic per-token activation scales) or
+            ``"fp8-tensorwise"`` (one weight scale, a static activation scale): the matmuls run through
+            ``torch._scaled_mm`` with ``dtype`` (use bf16, as vLLM does) out. Random and high-precision
+            checkpoint weights are quantised after loading; an FP8 checkpoint (compressed-tensors
+            ``quantization_config``) is FP8 without it.
         **overrides: any :class:`DecoderConfig` field, e.g. ``residual_inplace=True``, ``hidden_size=128``.
 
     Returns:
         The model in eval mode, with ``model.spec`` (:class:`ModelSpec`), ``model.config`` and ``model.tp``.
     """
     cfg = resolve_config(name_or_path, num_layers=num_layers, **overrides)
+    quant = resolve_quant(quant)
+    if quant is not None and cfg.quant is not None and quant != cfg.quant:
+        raise ValueError(
+            f"{name_or_path} is an FP8 checkpoint ({cfg.quant.name}); quant={quant.name!r} would need its "
+            f"high-precision weights. Leave quant out (or pass quant={cfg.quant.name!r})"
+        )
     tp = TensorParallel(rank=tp_rank, size=tp_size)
     cfg.check_tp_size(tp.size)
     _check_process_group(tp)
-    model = LlamaForCausalLM(cfg, tp=tp, dtype=dtype, device=device)
+    stored = cfg  # what the weights are stored as: FP8 only for an FP8 checkpoint
+    model = LlamaForCausalLM(stored, tp=tp, dtype=dtype, device=device)
     if torch.device(device).type != "meta":
         checkpoint = str(name_or_path) not in available() and is_checkpoint_dir(name_or_path)
         load_weights(model, SafetensorsWeights(name_or_path) if checkpoint else RandomWeights(seed))
+    _finish_fp8(model, stored.quant, quant)
     return model.eval()
+
+
+def _finish_fp8(model: LlamaForCausalLM, stored: Fp8Scheme | None, wanted: Fp8Scheme | None) -> None:
+    """Bring the linear layers to FP8: fuse an FP8 checkpoint's per-part tensorwise scales, or quantise
+    high-precision weights (random init, a bf16 checkpoint) for ``build(quant=...)``."""
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear):
+            parts = module.local_output_sizes
+        elif isinstance(module, RowParallelLinear):
+            parts = (module.out_features,)
+        else:
+            continue
+        if stored is not None:
+            module.fuse_scales_(parts)
+        elif wanted is not None:
+            module.quantize_(wanted, RANDOM_INPUT_SCALE)
+    if stored is None and wanted is not None:
+        model.config = dataclasses.replace(model.config, quant=wanted)
+        model.spec = dataclasses.replace(model.spec, quant=wanted.name)

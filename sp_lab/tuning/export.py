@@ -1,25 +1,54 @@
-"""A tuned config written to disk with what it was chosen from: one file per device / tp / model / dtype.
+"""A tuned config written to disk with what it was chosen from, and what it will do where a user applies it.
 
-The file's provenance carries the policy, its regret from :func:`sp_lab.tuning.regret.regret_table` (the
-same table the tuner and the report show), the recommendation with its confidence when there is one, and
-:func:`data_hash` of the rows: the one hash of "which rows was this decided on".
+One file per device / tp / model / dtype (vLLM's fused-MoE naming), holding
+
+- ``sp_lab``: the :class:`~sp_lab.config.LabConfig` (read back by :func:`sp_lab.config.load_tuned_config`);
+- ``vllm``: the config for one vLLM release (the installed one when vLLM is importable, else the newest known):
+  what it does there and the ``--compilation-config`` object, or ``not_expressible`` with the reason and the
+  regret of the closest expressible choices on the measured rows (:mod:`sp_lab.vllm_releases`);
+- ``model_sp``: per-matmul tokens-per-rank gates for model-level SP (:mod:`sp_lab.tuning.model_sp`), also written
+  beside the file as a dependency-free ``min_tokens_per_rank`` function;
+- ``torch_compile``: the Inductor settings for PyTorch's own micro-pipeline TP and what they cannot gate;
+- ``provenance``: the policy, its regret from :func:`sp_lab.tuning.regret.regret_table` (the same table the
+  tuner and the report show), the recommendation with its confidence, and :func:`data_hash` of the rows.
+
+:func:`describe_file` says all of that in a dozen lines: what runs from which token count, the command line,
+the machine it was tuned on (with a warning when that machine cannot answer the question) and a next step.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from sp_lab.tuning.policy import Policy
+from sp_lab.config import ConfigError, load_tuned_config
+from sp_lab.jsonfile import read_json
+from sp_lab.programs import Policy
+from sp_lab.tuning.model_sp import model_sp_table
 from sp_lab.tuning.regret import regret_table, summarize
-from sp_lab.vocabulary import NEVER, PREDICTED
+from sp_lab.vllm_releases import ALWAYS, DEFAULT_RELEASE, installed_release, vllm_export
+from sp_lab.vocabulary import (
+    BASELINE,
+    NEVER,
+    PREDICTED,
+    REHEARSAL,
+    SIMULATED,
+    SP_ASYNC_TP,
+    describe_threshold,
+)
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
     from sp_lab.tuning.policy import Recommendation
+
+__all__ = ["data_hash", "describe_file", "export_config", "export_tuned_config", "provenance", "threshold_text",
+           "torch_compile_section", "tuned_config_filename", "vllm_section"]
 
 
 def data_hash(rows: pl.DataFrame) -> str:
@@ -33,7 +62,7 @@ def data_hash(rows: pl.DataFrame) -> str:
 
 def threshold_text(config: LabConfig) -> str:
     """``async_tp_min_tokens`` as a person reads it: the number, or "never" when SP and AsyncTP are off."""
-    return str(config.async_tp_min_tokens) if config.enable_sp and config.enable_async_tp else NEVER
+    return describe_threshold(config.async_tp_min_tokens if config.enable_sp and config.enable_async_tp else None)
 
 
 def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recommendation | None = None,
@@ -60,30 +89,186 @@ def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recomme
     return out
 
 
-def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, *,
-                  recommendation: Recommendation | None = None, chosen_in: str,
-                  vllm_release: str | None = None, allow_predicted: bool = False) -> Path:
-    """Write ``config`` (tuned on ``rows`` of one setup) with its provenance; returns the file's path.
+def vllm_section(rows: pl.DataFrame, config: LabConfig, version: str) -> dict[str, Any]:
+    """The file's ``vllm`` section for release ``version``, with each closest choice's regret on ``rows``."""
+    section = vllm_export(config, version).to_dict()
+    fallback = {NEVER: None, ALWAYS: 1}
+    for name, choice in section.get("closest", {}).items():
+        gated = Policy.gate(BASELINE, SP_ASYNC_TP, fallback[name]).to_config(config)
+        total, worst = summarize(regret_table(rows, gated, warn=False))
+        choice["regret"] = {"worst": worst, "total": total}
+    return section
 
-    Rows the performance model predicted (``source="predicted"``) are refused unless ``allow_predicted``:
-    exporting a config no GPU has confirmed is an explicit choice, and the file then says ``source: predicted``.
+
+def torch_compile_section(config: LabConfig) -> dict[str, Any]:
+    """For torch.compile users (torchtitan, plain PyTorch): PyTorch's own micro-pipeline TP, and sp_lab's gate."""
+    return {
+        "micro_pipeline_tp": {
+            "inductor_config": {"_micro_pipeline_tp": True},
+            "set": "torch._inductor.config._micro_pipeline_tp = True",
+            "needs": "the SP collectives in the graph (e.g. torchtitan's SequenceParallel plan) and symmetric memory "
+                     "for the TP group: torch.distributed._symmetric_memory.enable_symm_mem_for_group(group_name) "
+                     "where the installed torch still needs it (torch 2.13 marks it deprecated, no longer needed)",
+            "cannot_gate": "it fuses every matched all-gather -> matmul and matmul -> reduce-scatter at every token "
+                           "count and shape: no token threshold, no per-matmul choice",
+        },
+        "tuned_gate": "sp_lab.compile(model, sp_lab.LabConfig.from_json(PATH)): SP and AsyncTP only in the compile "
+                      f"ranges from {config.sp_start} tokens{'' if config.heuristic is None else ', the rule per matmul'}"
+                      if config.enable_sp else "sp_lab.compile(model, sp_lab.LabConfig.from_json(PATH)): plain TP",
+    }
+
+
+def tuned_config_filename(*, device_name: str, tp_size: int, model: str, dtype: str) -> str:
+    """``device_name=NVIDIA_H200,tp=2,model=llama-3-8b,dtype=bfloat16.json`` (vLLM's fused-MoE naming)."""
+    parts = {"device_name": device_name, "tp": str(tp_size), "model": model, "dtype": dtype}
+    # Keep names portable: spaces (vLLM does the same for device names), '/', ',' and '=' become '_'.
+    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._-]+', '_', v)}" for k, v in parts.items()) + ".json"
+
+
+def export_tuned_config(config: LabConfig, *, directory: str | Path, device_name: str, model_spec: dict[str, Any],
+                        dtype: Any, data_hash: str, extra_provenance: dict[str, Any] | None = None,
+                        vllm_release: str = DEFAULT_RELEASE, sections: dict[str, Any] | None = None) -> Path:
+    """Write ``config`` as one JSON file per device, TP size, model shape and dtype; return its path.
+
+    ``model_spec``: ``ModelSpec.to_dict()`` (needs a ``"name"``); ``dtype``: ``torch.bfloat16`` or ``"bfloat16"``;
+    ``data_hash``: hash of the benchmark rows the config was tuned on; ``sections``: derived sections
+    (``vllm`` with regrets, ``model_sp``, ``torch_compile``) computed from the rows.
     """
-    from sp_lab.config import DEFAULT_VLLM_RELEASE, export_tuned_config
+    import torch
 
+    if hasattr(model_spec, "to_dict"):
+        model_spec = model_spec.to_dict()
+    if not isinstance(model_spec, dict) or not model_spec.get("name"):
+        raise ConfigError(f"model_spec: expected a dict with a 'name' (ModelSpec.to_dict()), got {model_spec!r:.80}")
+    dtype_name = str(dtype).removeprefix("torch.")
+    prov = {
+        "device": device_name,
+        "tp_size": config.tp_size,
+        "model": model_spec,
+        "dtype": dtype_name,
+        "torch": torch.__version__,
+        "data_hash": data_hash,
+        "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    clash = set(extra_provenance or {}) & set(prov)
+    if clash:
+        raise ConfigError(f"extra_provenance: keys {sorted(clash)} are set by export_tuned_config itself")
+    prov.update(extra_provenance or {})
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / tuned_config_filename(device_name=device_name, tp_size=config.tp_size,
+                                             model=str(model_spec["name"]), dtype=dtype_name)
+    config.to_json(path, provenance=prov, vllm_release=vllm_release, sections=sections)
+    return path
+
+
+def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, *,
+                  recommendation: Recommendation | None = None, chosen_in: str, vllm_release: str | None = None,
+                  matmul_rows: pl.DataFrame | None = None, allow_predicted: bool = False) -> Path:
+    """Write ``config`` (tuned on ``rows`` of one setup) with its provenance, and the model-level function beside
+    it (``<file>.min_tokens_per_rank.py``); returns the config file's path.
+
+    ``vllm_release``: the release the ``vllm`` section is written for (default: the installed vLLM's version,
+    else the newest known); ``matmul_rows``: per-matmul rows for per-shape model-level gates. Rows the
+    performance model predicted (``source="predicted"``) are refused unless ``allow_predicted``: exporting a
+    config no GPU has confirmed is an explicit choice, and the file then says ``source: predicted``.
+    """
     if rows.height == 0:
-        raise ValueError("no rows: run a sweep or replay recorded rows before exporting")
+        raise ValueError("no rows: run a sweep (python -m sp_lab run) or replay recorded rows before exporting")
     if not allow_predicted and "source" in rows.columns and (rows["source"] == PREDICTED).any():
         raise ValueError("these rows are predictions (source='predicted'), not measurements; export them only on "
                          "purpose: allow_predicted=True (CLI: python -m sp_lab predict --export-predicted DIR)")
     row = rows.row(0, named=True)
-    return export_tuned_config(
+    release = vllm_release or installed_release() or DEFAULT_RELEASE
+    rows_hash = data_hash(rows)
+    model_sp = model_sp_table(rows, config, matmul_rows=matmul_rows, data_hash=rows_hash)
+    path = export_tuned_config(
         config,
         directory=directory,
         device_name=str(row["device_name"]),
         model_spec={"name": str(row["model"]), "hidden_size": int(row["hidden_size"]),
                     "num_layers": int(row["num_layers"])},
         dtype=str(row["dtype"]),
-        data_hash=data_hash(rows),
+        data_hash=rows_hash,
         extra_provenance=provenance(rows, config, recommendation=recommendation, chosen_in=chosen_in),
-        vllm_release=vllm_release or DEFAULT_VLLM_RELEASE,
+        vllm_release=release,
+        sections={"vllm": vllm_section(rows, config, release), "model_sp": model_sp.to_dict(),
+                  "torch_compile": torch_compile_section(config)},
     )
+    function_path(path).write_text(model_sp.function_source())
+    return path
+
+
+def function_path(config_path: str | Path) -> Path:
+    """Where :func:`export_config` writes the model-level ``min_tokens_per_rank`` function for a config file."""
+    config_path = Path(config_path)
+    return config_path.with_name(config_path.stem + ".min_tokens_per_rank.py")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _cannot_answer(prov: dict[str, Any]) -> str | None:
+    """Why the machine the rows come from cannot say whether SP + AsyncTP pays on GPUs, or ``None``."""
+    if prov.get("source") in (PREDICTED, SIMULATED):
+        return f"{prov.get('source')} rows (a model of the GPUs, not a run on them): no GPU measured this policy"
+    if prov.get("source") == REHEARSAL:
+        return "rehearsal rows (ranks sharing one GPU): no real overlap between ranks"
+    if prov.get("backend") == "gloo" or str(prov.get("device", "")).lower().startswith("cpu"):
+        return ("gloo on CPU: collectives do not overlap with matmuls there and the fused kernels are sp_lab's "
+                "chunked CPU stand-ins, so this says nothing about GPUs")
+    return None
+
+
+def describe_file(path: str | Path, *, model: str | None = None) -> str:
+    """What a tuned-config file will do, for a person: policy, vLLM, model code, torch.compile, next step.
+
+    ``model``: the name for the ``vllm serve`` line (default: the file's model name).
+    """
+    doc = read_json(path, what="tuned config", error=ConfigError)
+    config, prov = load_tuned_config(path)
+    policy = Policy.of(config)
+    regret = prov.get("regret", {})
+    model_name = model or (prov.get("model") or {}).get("name", "MODEL")
+    lines = [f"tuned config -> {path}",
+             (f"  policy: {policy.name}; regret on the {prov.get('sweep_rows', '?')} {prov.get('source', '')} rows: "
+              f"worst {_pct(regret.get('worst'))}, total {_pct(regret.get('total'))}"),
+             (f"  tuned on: {prov.get('device')}{f' ({backend})' if (backend := prov.get('backend')) else ''}, "
+              f"{model_name}, tp {prov.get('tp_size')}, "
+              f"{prov.get('dtype')}, torch {prov.get('torch')}, rows {prov.get('data_hash')}")]
+    warning = _cannot_answer(prov)
+    if warning:
+        lines.append(f"  WARNING: tuned on {warning}.")
+    vllm = doc.get("vllm", {})
+    release = str(vllm.get("release", "?"))
+    installed = installed_release()
+    origin = "installed here" if installed and release == installed else "newest known" if release == DEFAULT_RELEASE \
+        else "chosen"
+    export = vllm_export(config, release)
+    lines.append(f"  vLLM {release} ({origin}): {vllm.get('does', export.does)}")
+    closest = vllm.get("closest", {})
+    for name, choice in closest.items():
+        r = choice.get("regret", {})
+        lines.append(f"    closest it can run: {name} (worst {_pct(r.get('worst'))}, total {_pct(r.get('total'))})")
+    for note in vllm.get("notes", []):
+        lines.append(f"    note: {note}")
+    # where the policy cannot be written, the command line is that of the closest choice with the least regret
+    best = min(closest, key=lambda k: closest[k].get("regret", {}).get("total", 0.0), default=None)
+    serve = export.serve_line(model_name, config.tp_size, choice=best)
+    if serve:
+        lines.append(f"    {serve}")
+    model_sp = doc.get("model_sp")
+    if model_sp:
+        per_rank = model_sp.get("sp_min_tokens_per_rank")
+        pays = "never paid per layer" if per_rank is None else f"SP pays per layer from {per_rank} tokens per rank"
+        lines.append(f"  model code (vLLM >= 0.32, hand-written SP): {pays}; per matmul: "
+                     f"min_tokens_per_rank(k, n, dtype, tp) in {function_path(path).name}")
+    lines.append("  torch.compile: torch._inductor.config._micro_pipeline_tp = True fuses at every size (no threshold);"
+                 " sp_lab.compile(model, sp_lab.LabConfig.from_json(path)) applies this gate")
+    if warning:
+        lines.append("  next: measure on the GPUs you serve on: torchrun --nproc-per-node "
+                     f"{config.tp_size} -m sp_lab run --model {model_name} --tp {config.tp_size} --dtype bfloat16")
+    else:
+        lines.append("  next: serve with the line above and compare throughput with the same line for 'never'")
+    return "\n".join(lines)

@@ -77,7 +77,7 @@ def _spec_dims(spec: ModelDescription) -> dict[str, int]:
 
     Accepts a ``ModelSpec`` (attributes ``num_heads``/``num_kv_heads``), an HF-style dict
     (``num_attention_heads``/``num_key_value_heads``), or a preset name looked up in
-    ``sp_lab/data/models/<name>.json``.
+    ``data/models/<name>.json``.
     """
     if isinstance(spec, str):
         spec = load_preset(spec)

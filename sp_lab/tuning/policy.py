@@ -115,10 +115,11 @@ class Recommendation:
                 f"({self.n_boot} resamples); chose {self.policy.name} (it rewrites least)")
 
     def summary(self) -> str:
-        """One line: the policy, its worst and total regret with intervals."""
+        """One line: the policy, its worst and summed regret (both in %) with their 95% intervals."""
         return (f"{self.policy.name}: worst regret {100 * self.worst_regret:.1f}% "
-                f"[{100 * self.worst_interval[0]:.1f}, {100 * self.worst_interval[1]:.1f}], total "
-                f"{self.total_regret:.3f} [{self.total_interval[0]:.3f}, {self.total_interval[1]:.3f}]")
+                f"(95% interval {100 * self.worst_interval[0]:.1f}-{100 * self.worst_interval[1]:.1f}%), summed over "
+                f"the token counts {100 * self.total_regret:.1f}% "
+                f"({100 * self.total_interval[0]:.1f}-{100 * self.total_interval[1]:.1f}%)")
 
     def describe(self) -> str:
         """The summary, what the noise leaves open and what a second threshold would gain, one per line."""
@@ -130,7 +131,7 @@ class Recommendation:
             else:
                 noise = ("rows carry no interval" if not self.noise_known
                          else "beyond noise" if s.beyond_noise else "within noise")
-                lines.append(f"a second threshold ({s.policy.name}) would lower total regret by {s.gain:.3f} "
+                lines.append(f"a second threshold ({s.policy.name}) would lower the summed regret by {100 * s.gain:.1f} points "
                              f"({noise})")
         return "\n".join(lines)
 

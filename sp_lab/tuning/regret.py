@@ -44,18 +44,30 @@ def as_frame(rows: pl.DataFrame | Sequence[Mapping]) -> pl.DataFrame:
     return frame
 
 
-def one_source(frame: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
-    """The rows of ``source``; without it the rows must come from one source (never pooled unlabelled)."""
+def one_source(frame: pl.DataFrame, source: str | None = None, *, prefer: Sequence[str] = (),
+               option: str = "source=") -> pl.DataFrame:
+    """The rows of one source: measured, simulated, rehearsal and replayed rows are never pooled unlabelled.
+
+    The one place that rule is enforced (the regret, the tuner widget, training and the CLI call it). ``source``
+    names the source to keep; without it the first of ``prefer`` present is kept (``prefer`` given and none
+    present is an error naming what is there), else the rows must come from one source. ``option`` is how the
+    caller names the source in the message (the CLI: ``"--source "``).
+    """
     if "source" not in frame.columns:
         return frame
     sources = sorted(frame["source"].drop_nulls().unique().to_list())
+    if source is None and prefer:
+        source = next((s for s in prefer if s in sources), None)
+        if source is None:
+            raise ValueError(f"no {' or '.join(prefer)} rows (the rows have {sources}); pass "
+                             f"{' or '.join(option + s for s in sources)} to use those rows")
     if source is not None:
         if source not in sources:
             raise ValueError(f"no rows with source={source!r}; the rows have {sources}")
         return frame.filter(pl.col("source") == source)
     if len(sources) > 1:
         raise ValueError(
-            f"rows mix sources {sources}: measured, simulated, rehearsal and replayed latencies are never "
+            f"rows mix sources {sources}: measured, predicted, rehearsal and replayed latencies are never "
             f"compared unlabelled; pass source= one of {sources}"
         )
     return frame

@@ -1,6 +1,7 @@
 """Train the per-matmul fusion rule from fused-vs-unfused rows, AutoHeuristic style.
 
-Rows (from :func:`sp_lab.tuning.microbench.measure_matmuls` or the what-if model) hold, per matmul
+Rows (from :func:`sp_lab.tuning.microbench.measure_matmuls` or the performance model's
+:func:`~sp_lab.tuning.predict.layer.matmul_rows`) hold, per matmul
 shape and token count, ``m, n, k, tp, unfused_us, fused_us`` and a ``source``. Training:
 
 1. **Label** each row with the faster choice: ``"fuse"`` when ``fused_us < unfused_us * (1 - margin)``,
@@ -30,6 +31,7 @@ from sklearn.model_selection import GroupShuffleSplit
 from sklearn.tree import DecisionTreeClassifier
 
 from sp_lab.rules import FEATURES, Leaf, MatmulRule, Split, features
+from sp_lab.tuning.regret import one_source
 
 #: Features the tree may split on: every feature of :data:`sp_lab.rules.FEATURES` -- M, N, K, M*N, M*K,
 #: arithmetic intensity, the TP size and rows per chunk (the fused kernel's chunking penalty depends on
@@ -44,11 +46,7 @@ def _check_rows(rows: pl.DataFrame) -> pl.DataFrame:
     missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
     if missing:
         raise ValueError(f"training rows lack columns {missing}; need {REQUIRED_COLUMNS}, got {rows.columns}")
-    if "source" in rows.columns and rows["source"].n_unique() > 1:
-        raise ValueError(
-            f"rows mix sources {sorted(rows['source'].unique())}; train on measured or simulated rows, not both "
-            "(filter with rows.filter(pl.col('source') == 'measured'))"
-        )
+    rows = one_source(rows)  # train on measured or predicted rows, never both
     bad = rows.filter(pl.col("unfused_us").is_null() | pl.col("fused_us").is_null())
     if bad.height:
         warnings.warn(f"dropping {bad.height} rows without both timings (failed measurements)", stacklevel=3)
@@ -98,10 +96,27 @@ def tree_to_rule(tree: DecisionTreeClassifier, feature_names: Sequence[str], *, 
             conf = float(dist[best])
             choice = classes[best] if conf >= min_confidence else "unsure"
             return Leaf(choice=choice, confidence=round(conf, 6), samples=int(t.n_node_samples[i]))
-        return Split(feature=feature_names[t.feature[i]], threshold=float(t.threshold[i]),
-                     left=node(t.children_left[i]), right=node(t.children_right[i]))
+        return _merged(Split(feature=feature_names[t.feature[i]], threshold=float(t.threshold[i]),
+                             left=node(t.children_left[i]), right=node(t.children_right[i])))
 
     return MatmulRule(node(0), dict(meta or {}))
+
+
+def _merged(split: Split) -> Split | Leaf:
+    """A split whose two sides answer the same is one leaf: the tree found purer halves, but the rule's answer
+    does not depend on the feature (drawn as is, it reads "no_fuse if M <= 96 else no_fuse")."""
+    left, right = split.left, split.right
+    if not (isinstance(left, Leaf) and isinstance(right, Leaf) and left.choice == right.choice):
+        return split
+    samples = left.samples + right.samples
+    confidence = ((left.confidence * left.samples + right.confidence * right.samples) / samples if samples
+                  else min(left.confidence, right.confidence))
+    return Leaf(choice=left.choice, confidence=round(confidence, 6), samples=samples)
+
+
+MIN_CONFIDENCE = 0.75
+"""The least confidence threshold a trained rule gets: a leaf whose training samples agree less than 3 to 1
+answers "unsure" whatever the validation shapes say (they may simply not reach it)."""
 
 
 def choose_confidence_threshold(tree: DecisionTreeClassifier, x_val: np.ndarray, val: pl.DataFrame,
@@ -127,7 +142,9 @@ def choose_confidence_threshold(tree: DecisionTreeClassifier, x_val: np.ndarray,
                       "unsure_fraction": float(np.mean(~answered))})
     table = pl.DataFrame(table)
     ok = table.filter(pl.col("wrong_fraction") <= max_wrong)
-    return float(ok["threshold"].min()), table  # 1+eps (all unsure) always qualifies
+    # 1+eps (all unsure) always qualifies. Never below MIN_CONFIDENCE: a threshold a leaf cannot fall under
+    # (any two-class leaf has at least 0.5) would make "unsure" impossible by construction.
+    return max(float(ok["threshold"].min()), MIN_CONFIDENCE), table
 
 
 # -------------------------------------------------------------------------------------- evaluation

@@ -100,6 +100,12 @@ def build_compare_figure(frame: pl.DataFrame) -> go.Figure:
             fig.add_trace(go.Bar(x=metrics, y=[values[m][side] for m in metrics], name=label, marker_color=color,
                                  legendgroup=side, showlegend=col == 1,
                                  hovertemplate="%{x}: %{y:.4g}<extra>" + label + "</extra>"), row=1, col=col)
-    fig.update_layout(barmode="group", height=460, width=1500, title=f"{la}  vs  {lb}",
-                      legend={"orientation": "h", "y": -0.25}, margin={"l": 40, "r": 20, "t": 80, "b": 120})
+    # No fixed width: the figure fits the notebook's output area (1500 px was cut at its right edge). The
+    # two labels go on two title lines and the metric names are slanted, so neither is clipped.
+    fig.update_xaxes(tickangle=-30, automargin=True)
+    fig.update_yaxes(automargin=True)
+    fig.update_layout(barmode="group", height=520, autosize=True,
+                      title={"text": f"a: {la}<br>b: {lb}", "font": {"size": 13}},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.12, "x": 1, "xanchor": "right"},
+                      margin={"l": 40, "r": 20, "t": 120, "b": 40})
     return fig

@@ -11,11 +11,14 @@ recommendation, the tuner's table and an exported file carry.
 
 Drawing rules (they exist because each one hid a wrong conclusion before):
 
-- error bars are the 95% interval of each median where the rows carry one (else p10-p90, said so in the
-  axis title);
+- error bars are the 95% interval of each median, described so everywhere (rows without one, e.g.
+  simulated rows, get no bar rather than a different kind of bar);
+- the token axis is labelled at the measured token counts, the regret axis is a percentage from 0 that
+  stays readable when the regret is 0 everywhere;
 - a row whose fusion did not fire (``fusion_missing``) is drawn as its own hollow-marker series
   "<variant> (fusion did not fire)" and never as the variant it claims to be;
-- simulated rows are dashed and labelled "simulated", rehearsal rows dotted and labelled "rehearsal";
+- predicted rows (the performance model) and simulated ones (the retired what-if model, in old stores) are
+  dashed and labelled with their source, rehearsal rows dotted and labelled "rehearsal";
 - replayed rows carry their provenance (device, tp, torch) in the label;
 - provenance fields that differ between rows (model, device, tp, torch, boundary, dtype) are
   appended to every label so two machines' curves never share a legend entry.
@@ -38,6 +41,7 @@ from sp_lab.vocabulary import (
     BASELINE,
     LEGEND_COLUMNS,
     MEASURED,
+    PREDICTED,
     REHEARSAL,
     SIMULATED,
     SP,
@@ -54,8 +58,8 @@ SWEEP_COLUMNS = ("num_tokens", "variant", "latency_us", "p10_us", "p90_us", "fus
 """Columns every row to plot has (``ci_low_us`` / ``ci_high_us`` are used when present)."""
 VARIANT_COLORS = {BASELINE: "#7f7f7f", SP: "#1f77b4", SP_ASYNC_TP: "#ff7f0e", TUNED: "#2ca02c"}
 _EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-_OWN_SOURCES = (MEASURED, SIMULATED, REHEARSAL)  # rows made here; any other source is replayed
-_DASH = {SIMULATED: "dash", REHEARSAL: "dashdot"}
+_OWN_SOURCES = (MEASURED, PREDICTED, SIMULATED, REHEARSAL)  # rows made here; any other source is replayed
+_DASH = {PREDICTED: "dash", SIMULATED: "dash", REHEARSAL: "dashdot"}
 _GROUP_COLUMNS = ("source", *LEGEND_COLUMNS)
 CONFIG_META = "gated"
 """``meta`` of the trace drawing what the config runs at each token count (tests and the tuner find it)."""
@@ -111,7 +115,7 @@ class LatencyData:
     config_name: str | None
     """The config's policy in words ("baseline below 64, sp+async_tp from 64"), ``None`` without one."""
     error_bars: str
-    """What the error bars are: "95% CI of the median" or "p10-p90" (rows without intervals)."""
+    """What the error bars are: :data:`ERROR_BARS`, saying so when the rows carry no interval."""
     sources: tuple[str, ...]
     """Sources of the rows drawn (measured / simulated / rehearsal / replayed)."""
 
@@ -141,7 +145,7 @@ def _is_replayed(source: str) -> bool:
 def _provenance_suffix(source: str, prov: Mapping, varying: Sequence[str]) -> str:
     """What tells rows of this source/provenance apart in a legend ("" for plain measured rows)."""
     label = ""
-    if source in (SIMULATED, REHEARSAL):
+    if source in _DASH:
         label += f" ({source})"
     elif _is_replayed(source):
         label += f" [{prov['device_name']}, tp{prov['tp']}, torch {prov['torch_version']}]"
@@ -182,8 +186,7 @@ def latency_data(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
     has_ci = frame.height > 0 and frame["ci_low_us"].null_count() < frame.height
     pooled = (frame.group_by(["variant", "fusion_missing", *_GROUP_COLUMNS, "num_tokens"], maintain_order=True)
               .agg(pl.col("latency_us").median(),
-                   err_low_us=pl.coalesce("ci_low_us", "p10_us").median(),
-                   err_high_us=pl.coalesce("ci_high_us", "p90_us").median(), n=pl.len())
+                   err_low_us=pl.col("ci_low_us").median(), err_high_us=pl.col("ci_high_us").median(), n=pl.len())
               .sort("num_tokens"))
     key = pl.concat_str([pl.col(c).cast(pl.String).fill_null("?") for c in _GROUP_COLUMNS], separator="|")
     pooled = pooled.with_columns(_key=key)
@@ -220,9 +223,12 @@ def latency_data(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
         config_name = Policy.of(config).name + (" + per-matmul rule" if config.heuristic is not None else "")
     return LatencyData(series=tuple(series), thresholds=tuple(_thresholds(config, vllm_min_tokens)),
                        regret=regret, config_name=config_name,
-                       error_bars="95% CI of the median" if has_ci else "p10-p90",
+                       error_bars=ERROR_BARS if has_ci else f"{ERROR_BARS} (none recorded for these rows)",
                        sources=tuple(sorted(set(frame["source"].to_list()))))
 
+
+ERROR_BARS = "95% CI of the median"
+"""What every latency error bar in sp_lab is (plots, report, tuner): the 95% confidence interval of the median."""
 
 _REGRET_SCHEMA = {"group": pl.String, "num_tokens": pl.Int64, "variant_run": pl.String, "latency_us": pl.Float64,
                   "best_variant": pl.String, "best_us": pl.Float64, "regret_rel": pl.Float64}
@@ -246,10 +252,10 @@ def _regret(frame: pl.DataFrame, suffixes: Mapping[str, str], config: LabConfig 
 def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.Figure:
     """Latency with intervals (top, log-log), the config's curve, and its regret (bottom, shared log x)."""
     sources = ", ".join(data.sources) or "no rows yet"
-    regret_title = (f"regret of the config ({data.config_name}) vs the best variant, %" if data.config_name
-                    else "regret (no config given)")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=(0.7, 0.3), vertical_spacing=0.08,
-                        subplot_titles=(f"forward latency, us (source: {sources})", regret_title))
+    regret_title = (f"regret of the config ({data.config_name}) vs the fastest variant at each token count"
+                    if data.config_name else "regret (no config given)")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=(0.68, 0.32), vertical_spacing=0.1,
+                        subplot_titles=(f"median latency per variant; bars: {data.error_bars}", regret_title))
     for s in data.series:
         pts = s.points
         fig.add_trace(go.Scatter(
@@ -283,12 +289,23 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
         fig.add_annotation(x=math.log10(t.num_tokens), xref="x", y=0.98 - 0.07 * k, yref="y domain",
                            text=t.label, showarrow=False, xanchor="left", xshift=4, font={"size": 10},
                            bgcolor="rgba(255,255,255,0.7)")
-    fig.update_xaxes(type="log", title_text="tokens per forward (log scale)", row=2, col=1)
-    fig.update_xaxes(type="log", row=1, col=1)
-    fig.update_yaxes(type="log", title_text=f"latency, us (log; bars: {data.error_bars})", row=1, col=1)
-    fig.update_yaxes(title_text="regret, %", rangemode="tozero", row=2, col=1)
-    fig.update_layout(title=title or f"Forward latency vs tokens (source: {sources})", height=720, width=1100,
-                      legend={"groupclick": "toggleitem"}, margin={"l": 70, "r": 20, "t": 80, "b": 50})
+    # The measured token counts label the shared log axis (plotly's own log ticks read "2 3 4 ... 10 2 3").
+    counts = sorted({int(n) for s in data.series for n in s.points["num_tokens"].to_list()})
+    ticks = {"tickvals": counts, "ticktext": [str(n) for n in counts]} if counts else {}
+    fig.update_xaxes(type="log", title_text="tokens per forward (log scale; ticks at the measured counts)",
+                     row=2, col=1, **ticks)
+    fig.update_xaxes(type="log", row=1, col=1, **ticks)
+    fig.update_yaxes(type="log", title_text="latency, us (log)", row=1, col=1)
+    # A percentage axis from 0: at least 0-5% so that "no regret anywhere" reads as a line on 0%, not as noise.
+    worst = float(data.regret["regret_rel"].max() or 0.0) * 100 if data.regret.height else 0.0
+    fig.update_yaxes(title_text="regret", ticksuffix="%", range=[0, max(5.0, 1.15 * worst)], row=2, col=1)
+    if data.regret.height and worst == 0.0:
+        fig.add_annotation(text="0% regret at every measured token count: the config runs the fastest variant",
+                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.6, showarrow=False, font={"size": 11})
+    fig.update_layout(title=title or f"Forward latency vs tokens (source: {sources})", height=760, width=1100,
+                      legend={"groupclick": "toggleitem", "orientation": "h", "yanchor": "bottom", "y": 1.06,
+                              "x": 0, "font": {"size": 11}},
+                      margin={"l": 70, "r": 30, "t": 150, "b": 60})
     return fig
 
 

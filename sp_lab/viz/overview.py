@@ -7,6 +7,7 @@ layers are collapsed into one :class:`PieceGroup` so an 80-layer model reads as 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,21 +29,49 @@ if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
 
 __all__ = [
-    "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark", "OverviewData", "PieceBox", "PieceGroup",
-    "crossing_text", "format_shape", "ops_summary", "overview_data", "range_title",
+    "ABBREVIATION_KEY", "OP_ABBREVIATIONS", "BoundaryLabel", "ErasedCopy", "FailureMark", "OverviewData", "PieceBox", "PieceGroup",
+    "crossing_text", "format_shape", "format_size", "ops_summary", "overview_data", "range_title",
 ]
 
 # The field's shorthand, as in vLLM's and PyTorch's AsyncTP write-ups: "AG+mm" is all_gather fused into a matmul.
 OP_ABBREVIATIONS = {CountKey.ALL_REDUCE: "AR", CountKey.REDUCE_SCATTER: "RS", CountKey.ALL_GATHER: "AG",
                     CountKey.FUSED_ALL_GATHER_MATMUL: "AG+mm", CountKey.FUSED_MATMUL_REDUCE_SCATTER: "mm+RS",
                     CountKey.MM: "mm"}
+_MEANINGS = {"AR": "all-reduce", "RS": "reduce-scatter", "AG": "all-gather",
+             "AG+mm": "all-gather fused into the next matmul (AsyncTP)",
+             "mm+RS": "matmul fused with its reduce-scatter (AsyncTP)", "mm": "matmul"}
+ABBREVIATION_KEY = " · ".join(f"{a} = {_MEANINGS[a]}" for a in OP_ABBREVIATIONS.values()) + (
+    " · B/tok = bytes per token on one rank · N = tokens in the forward")
+"""The key to every abbreviation the explorer's figures print (drawn under each of them)."""
+
+
+_SYMBOL = re.compile(r"\bs\d+\b")
+_CEIL_DIV = re.compile(r"\(\(N \+ (\d+)\)//(\d+)\)")
+_FLOOR_DIV = re.compile(r"\(N//(\d+)\)")
+_WRAPPED = re.compile(r"\(((?:ceil|floor)\(N/\d+\))\)")
+
+
+def format_size(size: int | str) -> str:
+    """One dimension in the model's terms: the token count is ``N`` (sp_lab makes only the token dimension
+    symbolic, so every compiler symbol ``s37``, ``s72``, ... is it), and a token shard reads ``ceil(N/2)``
+    instead of ``((s37 + 1)//2)``. Ints stay as they are."""
+    if isinstance(size, int):
+        return str(size)
+    text = _SYMBOL.sub("N", str(size))
+    text = _CEIL_DIV.sub(lambda m: (f"ceil(N/{m[2]})" if int(m[1]) + 1 == int(m[2])
+                                    else f"floor((N+{m[1]})/{m[2]})"), text)
+    text = _FLOOR_DIV.sub(lambda m: f"floor(N/{m[1]})", text)
+    while _WRAPPED.search(text):
+        text = _WRAPPED.sub(r"\1", text)
+    return text
 
 
 def format_shape(shape: Sequence[int | str] | None) -> str:
-    """``["s0", 4096]`` -> ``"[s0, 4096]"`` (symbolic dims kept as written by the compiler)."""
+    """``["((s37 + 1)//2)", 4096]`` -> ``"[ceil(N/2), 4096]"``: the one shape formatter of the overview, the
+    drill-down, the tensor links and the tables (:func:`format_size` per dimension)."""
     if shape is None:
         return "[?]"
-    return "[" + ", ".join(str(d) for d in shape) + "]"
+    return "[" + ", ".join(format_size(d) for d in shape) + "]"
 
 
 def ops_summary(counts: dict[str, int], keys: Sequence[str] = COLLECTIVE_KEYS) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from sp_lab.viz.overview import (
+    ABBREVIATION_KEY,
     BoundaryLabel,
     OverviewData,
     PieceBox,
@@ -97,13 +98,15 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
     if not data.pieces and data.failures:
         drawing.add_failed_compile()
     fig = go.Figure(drawing.traces())
+    fig.add_annotation(text=ABBREVIATION_KEY, xref="paper", yref="paper", x=0, y=0, yshift=-8, xanchor="left",
+                       yanchor="top", showarrow=False, font={"size": 10, "color": "#555"})
     fig.update_layout(
         # Long (expanded) lanes open at a readable zoom on their left end; pan to see the rest.
         title={"text": _title(data), "font": {"size": 14}}, height=340 + int(-drawing.deepest / _LINE_H) * 16,
         width=min(max(900, int(drawing.x * _PX_PER_UNIT)), _MAX_WIDTH_PX),
         xaxis={"visible": False, "range": [-0.3, min(drawing.x + 0.5, _MAX_WIDTH_PX / _PX_PER_UNIT)]},
         yaxis={"visible": False, "range": [drawing.deepest - 0.2, 1.6]},
-        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 20},
+        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 40},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
     )
     return fig

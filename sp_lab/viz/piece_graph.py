@@ -42,36 +42,6 @@ def short_op(target: str) -> str:
     return _SHORT.get(name, name)
 
 
-def compact_shape(shape: tuple) -> str:
-    """A shape for a box label: ``[2*(((s37 + 1)//2)), 256]`` -> ``[2*((s37+1)//2), 256]`` (sympy's spaces and
-    redundant parentheses dropped; the hover keeps the full form)."""
-    return "[" + ", ".join(_compact_dim(str(d)) for d in shape) + "]"
-
-
-def _compact_dim(text: str) -> str:
-    text = text.replace(" ", "")
-
-    def closing(i: int) -> int:
-        depth = 0
-        for j in range(i, len(text)):
-            depth += {"(": 1, ")": -1}.get(text[j], 0)
-            if depth == 0:
-                return j
-        return -1
-
-    i = 0
-    while i < len(text) - 1:
-        # "((x))" -> "(x)": the outer pair wraps exactly the inner one.
-        if text[i:i + 2] == "((" and closing(i) == closing(i + 1) + 1:
-            j = closing(i)
-            text = text[:i] + text[i + 1:j] + text[j + 1:]
-            continue
-        i += 1
-    if text.startswith("(") and closing(0) == len(text) - 1:
-        text = text[1:-1]
-    return text
-
-
 def _module_label(module: str | None) -> str:
     return "" if module is None else module.removeprefix("model.")
 
@@ -121,7 +91,7 @@ class GraphNode:
         module = _module_label(self.module)
         if module and self.module_inferred:
             module = "~" + module
-        parts = [self.op_text, module, compact_shape(self.shape) if self.shape else ""]
+        parts = [self.op_text, module, _shape_text(self.shape) if self.shape else ""]
         return " · ".join(p for p in parts if p)
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from sp_lab.vocabulary import PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
+from sp_lab.vocabulary import PREDICTED, PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -48,6 +48,25 @@ def report_store(path: str | Path) -> str | None:
     return html.unescape(match.group(1)) if match else None
 
 
+def tuned_drift(rows: pl.DataFrame, config: LabConfig) -> float | None:
+    """Median over token counts of (tuned latency / latency of the variant ``config`` runs there), or ``None``
+    without tuned rows. The tuned rows run that very program, so away from 1 the factor measures the drift of the
+    machine between the reference sweep and the later tuned sweep."""
+    from sp_lab.tuning.regret import regret_table
+
+    tuned = rows.filter(pl.col("variant") == TUNED)
+    if not tuned.height:
+        return None
+    try:
+        runs = regret_table(rows.filter(pl.col("variant") != TUNED), config, warn=False)
+    except ValueError:
+        return None
+    ratio = (tuned.group_by("num_tokens").agg(tuned_us=pl.col("latency_us").median())
+             .join(runs.select("num_tokens", "latency_us"), on="num_tokens")
+             .select(pl.col("tuned_us") / pl.col("latency_us")))
+    return float(ratio.to_series().median()) if ratio.height else None
+
+
 def html_table(df: pl.DataFrame, *, percent: Sequence[str] = (), digits: int = 1) -> str:
     """``df`` as an HTML table; floats with ``digits`` decimals, ``percent`` columns as percentages."""
     def cell(column: str, value: object) -> str:
@@ -71,8 +90,8 @@ def _recommendation_html(rec: Recommendation) -> str:
     if s is not None:
         noise = "rows carry no interval" if not rec.noise_known else "beyond noise" if s.beyond_noise else "within noise"
         second = ("<li>A second threshold would gain nothing.</li>" if s.gain <= 0 else
-                  f"<li>A second threshold ({html.escape(s.policy.name)}) would lower the total regret by "
-                  f"{s.gain:.3f} ({noise}); vLLM gates SP and AsyncTP at one token count, so it is not "
+                  f"<li>A second threshold ({html.escape(s.policy.name)}) would lower the summed regret by "
+                  f"{100 * s.gain:.1f} points ({noise}); vLLM gates SP and AsyncTP at one token count, so it is not "
                   "recommended.</li>")
     lo_w, hi_w = rec.worst_interval
     lo_t, hi_t = rec.total_interval
@@ -80,7 +99,8 @@ def _recommendation_html(rec: Recommendation) -> str:
     return (
         f"<div class='rec'><b>Run: {html.escape(rec.policy.name)}</b></div><ul>"
         f"<li>Worst regret {100 * rec.worst_regret:.1f}% (95% interval {100 * lo_w:.1f}-{100 * hi_w:.1f}%), "
-        f"total {rec.total_regret:.3f} ({lo_t:.3f}-{hi_t:.3f}) over {rec.table.height} token counts.</li>"
+        f"summed over the {rec.table.height} token counts {100 * rec.total_regret:.1f}% "
+        f"({100 * lo_t:.1f}-{100 * hi_t:.1f}%).</li>"
         f"<li>Confidence: {html.escape(rec.noise_line())}.</li>{second}</ul>"
         "<h3>Regret of the recommended config at each token count</h3>"
         + html_table(table, percent=("regret_rel",))
@@ -119,7 +139,13 @@ def write_report(
     shown = recommendation.config if recommendation is not None else config
     sources = sorted(set(rows["source"].to_list()))
     title = f"Forward latency vs tokens (source: {', '.join(sources)})"
-    figures = [plot_latency(rows, config=shown, title=title)]
+    drift = tuned_drift(rows, shown) if shown is not None else None
+    drawn = rows
+    if drift is not None:  # the tuned curve says in its legend entry that it comes from a later sweep
+        drawn = rows.with_columns(variant=pl.when(pl.col("variant") == TUNED)
+                                  .then(pl.lit(f"{TUNED} (later sweep: {drift:.2f}x the program it runs)"))
+                                  .otherwise(pl.col("variant")))
+    figures = [plot_latency(drawn, config=shown, title=title)]
     if compile_report is not None:
         from sp_lab.viz.explorer import load_report, plot_overview
 
@@ -150,10 +176,14 @@ def write_report(
                      "drawn and listed as '&lt;variant&gt; [fusion missing]', never as the variant they were asked "
                      "to be.</p>")
     if TUNED in set(rows["variant"].to_list()):
+        measured = (f" Here they ran <b>{drift:.2f}x</b> the latency of the variant the config runs at the same "
+                    "token counts (median over the counts): the same program, so that factor is the machine's "
+                    "drift between the two sweeps, not a gain or a loss of tuning. Compare the tuned curve with "
+                    "the black config curve only after dividing by it." if drift is not None else "")
         parts.append("<p class='warn'>The <b>tuned</b> rows were measured in a later sweep than the reference "
-                     "variants, not interleaved with them: a gap between them and the variant the config runs "
-                     "there shows how much the machine drifted between the two sweeps.</p>")
-    for source, what in ((SIMULATED, "simulated (what-if model), not measured"),
+                     f"variants, not interleaved with them.{measured}</p>")
+    for source, what in ((PREDICTED, "predicted by the performance model (sp_lab.tuning.predict), not measured"),
+                         (SIMULATED, "simulated (the retired what-if model of an older sp_lab), not measured"),
                          (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
         if source in sources:
             parts.append(f"<p class='warn'>Some rows are <b>{what}</b>.</p>")

@@ -12,7 +12,7 @@ from sp_lab.viz.report_input import as_report
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
 
-__all__ = ["piece_table", "range_table"]
+__all__ = ["piece_table", "range_table", "show_whole_tables"]
 
 
 def piece_table(report: ReportSource) -> pl.DataFrame:
@@ -55,3 +55,12 @@ def range_table(report: ReportSource) -> pl.DataFrame:
         "compile_time_s": r.compile_time_s, "pieces": len(r.pieces), "failures": len(r.failures),
         "erased_copies": len(r.erased_copies), "numerically_unsafe": bool(r.numerically_unsafe),
     } for i, r in enumerate(report.ranges)], schema_overrides={"compile_time_s": pl.Float64, "static_tokens": pl.Int64})
+
+
+def show_whole_tables() -> None:
+    """Print polars tables whole in this process (every row and column, long strings): the notebooks' tables
+    are small, and polars' defaults cut them at the right and hide the middle rows behind ``…``."""
+    pl.Config.set_tbl_rows(-1)
+    pl.Config.set_tbl_cols(-1)
+    pl.Config.set_fmt_str_lengths(120)
+    pl.Config.set_tbl_width_chars(400)

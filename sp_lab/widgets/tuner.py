@@ -2,7 +2,7 @@
 
 Two layers, so that everything but the drawing is testable without a browser:
 
-- :class:`TunerState` holds the rows (live, replayed or simulated), the chosen policy (which variant
+- :class:`TunerState` holds the rows (live, replayed, or a predicted demo), the chosen policy (which variant
   below and above the threshold, and the threshold or "never") and the setup, and answers every
   question the view asks: the config's curve and regret (:func:`sp_lab.tuning.regret.regret_table`,
   the one regret), the recommendation with its confidence (:func:`sp_lab.tuning.policy.recommend`),
@@ -15,10 +15,11 @@ Two layers, so that everything but the drawing is testable without a browser:
 Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
 :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
 enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
-recorded GPU sweep exists, the what-if model's prediction from the H200 matmul data
-(``source="simulated"``, labelled so everywhere). Separately, :meth:`Tuner.overlay_prediction` draws the
-performance model's curves for a chosen preset and GPU beside the rows (dashed, "predicted" legend group),
-never mixed into the rows, the regret or the recommendation.
+recorded GPU sweep exists, a demo made wholly of the performance model's rows for this model on ``tp`` H200s
+(:func:`predicted_rows`, ``source="predicted"``: labelled so in the legend, the status line and the
+recommendation; never mixed with measured rows, and exporting them is refused). Separately,
+:meth:`Tuner.overlay_prediction` draws the model's curves for a chosen preset and GPU beside measured rows
+(dashed, "predicted" legend group), never mixed into the rows, the regret or the recommendation.
 
     import sp_lab
     tuner = sp_lab.tune("toy", tp=2, token_counts=[3, 16, 64])
@@ -37,19 +38,20 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from sp_lab.programs import REFERENCE_VARIANTS
-from sp_lab.tuning.export import data_hash, export_config, threshold_text
+from sp_lab.tuning.export import data_hash, describe_file, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
-from sp_lab.tuning.regret import regret_table
+from sp_lab.tuning.regret import one_source, regret_table
 from sp_lab.vocabulary import (
     BASELINE,
     DEFAULT_OUT,
     DEFAULT_STORE,
     MEASURED,
     NEVER,
-    SIMULATED,
+    PREDICTED,
     SP,
     SP_ASYNC_TP,
     TUNED,
+    describe_threshold,
 )
 
 if TYPE_CHECKING:
@@ -63,27 +65,31 @@ SHAPES = {f"{BASELINE} -> {SP_ASYNC_TP}": (BASELINE, SP_ASYNC_TP), f"{BASELINE} 
 """The one-threshold policies a LabConfig can express: (variant below the threshold, variant from it on)."""
 
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_RUN_FIRST = "tuner.run_sweep() or the Run sweep button; or replay recorded rows: tuner.replay(STORE_DIR)"
 """Token counts a live sweep measures unless told otherwise."""
 
-# What the latency plot needs that the what-if model does not produce (it has no spread, no torch run).
-_SIMULATED_FILL = {"p10_us": None, "p90_us": None, "torch_version": "n/a (simulated)", "boundary": "sharded"}
+# What the latency plot needs that the performance model does not produce (it has no spread, no torch run).
+_PREDICTED_FILL = {"p10_us": None, "p90_us": None, "torch_version": "n/a (predicted)", "boundary": "sharded"}
+DEMO_GPU = "h200"
+"""The GPU a demo replay (``replay(None)``) is predicted for: the one the kernel tables were measured on."""
 
 
 def _dtype_bytes(dtype: str) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype).removeprefix("torch."), 2)
 
 
-def simulated_rows(model: str, tp: int, token_counts: Sequence[int], *, num_layers: int | None = None,
+def predicted_rows(model: str, tp: int, token_counts: Sequence[int], *, num_layers: int | None = None,
                    variants: Sequence[str] = REFERENCE_VARIANTS) -> pl.DataFrame:
-    """The what-if model's sweep (:func:`sp_lab.tuning.simulate.predict_sweep`) in sweep-row columns.
+    """The performance model's sweep (:func:`sp_lab.tuning.predict.layer.predict_layers`: whole layers on ``tp``
+    H200s, graph timing) in sweep-row columns: the tuner's demo when no recorded GPU sweep exists.
 
-    Rows say ``source="simulated"``; ``p10_us``/``p90_us`` equal the prediction (no spread).
+    Rows say ``source="predicted"``; ``p10_us``/``p90_us`` equal the prediction (no spread).
     """
-    from sp_lab.tuning.simulate import predict_sweep
+    from sp_lab.tuning.predict.layer import predict_layers
 
-    df = predict_sweep(model, tp, token_counts, num_layers=num_layers)
+    df = predict_layers(model, tp, token_counts, DEMO_GPU, num_layers=num_layers, full_layer=True)
     df = df.filter(pl.col("variant").is_in(list(variants)))
-    fill = {k: (pl.col("latency_us") if v is None else pl.lit(v)) for k, v in _SIMULATED_FILL.items()}
+    fill = {k: (pl.col("latency_us") if v is None else pl.lit(v)) for k, v in _PREDICTED_FILL.items()}
     return df.with_columns(**fill)
 
 
@@ -112,7 +118,7 @@ class TunerState:
     threshold: int | None = 128
     """The threshold (the slider); ``None`` is "never": the ``shape[0]`` variant everywhere."""
     rows: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
-    """All rows shown, one source at a time (measured, replayed, rehearsal or simulated)."""
+    """All rows shown, one source at a time (measured, replayed, rehearsal or a predicted demo)."""
     running: bool = False
     """A live sweep is in progress."""
     done: int = 0
@@ -149,11 +155,8 @@ class TunerState:
 
     def set_rows(self, rows: pl.DataFrame) -> None:
         """Show exactly ``rows`` (one source; several sources are refused: never compared unlabelled)."""
-        if rows.height and "source" in rows.columns and rows["source"].n_unique() > 1:
-            raise ValueError(
-                f"rows mix sources {sorted(rows['source'].unique().to_list())}; filter to one first, e.g. "
-                "rows.filter(pl.col('source') == 'replayed')"
-            )
+        if rows.height:
+            one_source(rows)  # several sources are refused, naming them
         with self._lock:
             self.rows = rows
 
@@ -166,13 +169,15 @@ class TunerState:
         """Show recorded rows and select their recommended policy; returns a line saying what was loaded.
 
         ``source``: a sweep store directory, a ``.parquet`` / ``.csv`` file or a DataFrame of sweep rows.
-        ``None`` uses the what-if model's prediction for this model and tp from the measured H200 matmul
-        data: the only GPU data shipped with sp_lab until multi-GPU sweeps are recorded.
+        ``None`` shows a demo made wholly of the performance model's rows for this model and tp on H200s
+        (:func:`predicted_rows`, ``source="predicted"``): sp_lab ships no recorded multi-GPU sweep. The
+        recommendation is then the model's, said so; exporting it is refused (``export_config``).
         """
         if source is None:
-            rows = simulated_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
+            rows = predicted_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
                                   variants=[v for v in self.variants if v != TUNED])
-            what = f"{SIMULATED} from measured H200 matmuls ({rows.height} rows; no recorded multi-GPU sweep)"
+            what = (f"a demo: {rows.height} rows {PREDICTED} by the performance model for {self.tp}x H200 from "
+                    "single-H200 kernel tables (no multi-GPU run; not measured)")
         elif isinstance(source, pl.DataFrame):
             rows, what = source, f"{source.height} rows"
         else:
@@ -219,13 +224,35 @@ class TunerState:
 
         self.running, self.done = True, 0
         try:
-            return launch_sweep(
+            result = launch_sweep(
                 self.model, world_size=self.tp, store_dir=self.store_dir, token_counts=list(self.token_counts),
                 variants=list(self.variants), on_row=deliver, progress=progress, config=self.config,
                 num_layers=self.num_layers, **self.sweep_kwargs,
             )
         finally:
             self.running = False
+        if result.skipped:  # points measured by an earlier run: shown too, so a rerun is not an empty plot
+            self._add_resumed_rows()
+        return result
+
+    def _add_resumed_rows(self) -> None:
+        """Rows of this setup already in the store (model, tp, variants, token counts) not shown yet."""
+        from sp_lab.bench.store import SweepStore
+
+        stored = SweepStore(self.store_dir).read(skip_corrupt=True)
+        if not stored.height:
+            return
+        mine = stored.filter(pl.col("model") == self.model, pl.col("tp") == self.tp,
+                             pl.col("source") == MEASURED, pl.col("variant").is_in(list(self.variants)),
+                             pl.col("num_tokens").is_in(list(self.token_counts)))
+        if self.num_layers is not None:
+            mine = mine.filter(pl.col("num_layers") == self.num_layers)
+        shown = self.snapshot()
+        if shown.height and "row_id" in shown.columns:
+            mine = mine.filter(~pl.col("row_id").is_in(shown["row_id"].to_list()))
+        if mine.height:
+            with self._lock:
+                self.rows = pl.concat([shown, mine], how="diagonal_relaxed") if shown.height else mine
 
     # ------------------------------------------------------------------ policy and derived tables
     def _reference_rows(self) -> pl.DataFrame:
@@ -256,16 +283,28 @@ class TunerState:
             return pl.DataFrame(schema={"num_tokens": pl.Int64, "latency_us": pl.Float64, "variant_run": pl.String})
         return table.select("num_tokens", "latency_us", "variant_run")
 
-    def recommendation(self) -> Recommendation | None:
-        """The recommended policy with its confidence over the rows so far (``None`` until one can be made)."""
+    def recommendation(self) -> Recommendation:
+        """The recommended policy with its confidence over the rows so far.
+
+        Raises ``ValueError`` saying what is missing: no rows yet (run a sweep first), or rows of one variant only.
+        """
+        if not self.snapshot().height:
+            raise ValueError(f"no rows yet: run a sweep first ({_RUN_FIRST}), then ask again")
         try:
             return recommend(self._reference_rows(), self.config)
+        except ValueError as e:
+            raise ValueError(f"no recommendation from these rows yet: {e}") from e
+
+    def recommendation_or_none(self) -> Recommendation | None:
+        """:meth:`recommendation`, or ``None`` while the rows cannot make one (what the live view shows)."""
+        try:
+            return self.recommendation()
         except ValueError:
             return None
 
     def use_recommended(self) -> Recommendation | None:
-        """Select the recommended policy (its shape and threshold); returns the recommendation."""
-        rec = self.recommendation()
+        """Select the recommended policy (its shape and threshold); returns it (``None``: none can be made yet)."""
+        rec = self.recommendation_or_none()
         if rec is None:
             return None
         steps = rec.policy.steps
@@ -291,7 +330,7 @@ class TunerState:
 
     def vllm_threshold(self, capability: tuple[int, int] = (9, 0)) -> int | None:
         """vLLM's bytes-per-GPU SP threshold for this setup on Hopper (``None``: vLLM leaves SP off)."""
-        from sp_lab.config import vllm_sp_min_token_num
+        from sp_lab.vllm_releases import vllm_sp_min_token_num
 
         s = self._setup()
         return vllm_sp_min_token_num(s["hidden_size"], _dtype_bytes(s["dtype"]), s["tp"], capability)
@@ -301,14 +340,17 @@ class TunerState:
         """:func:`sp_lab.tuning.export.data_hash` of the rows shown."""
         return data_hash(self.snapshot())
 
-    def export(self, directory: str | Path) -> Path:
-        """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path."""
+    def export(self, directory: str | Path, *, allow_predicted: bool = False) -> Path:
+        """Write the tuned config (one JSON per device / tp / model / dtype, with provenance); return its path.
+
+        Rows of the demo replay are predicted: refused unless ``allow_predicted`` (the file then says
+        ``source: predicted``)."""
         rows = self.snapshot()
         if not rows.height:
-            raise ValueError("no rows yet: run a sweep or replay recorded rows before exporting")
-        rec = self.recommendation()
+            raise ValueError(f"nothing to export: no rows yet; run a sweep first ({_RUN_FIRST})")
+        rec = self.recommendation_or_none()
         return export_config(rows, self.tuned_config(), directory, chosen_in="sp_lab.tune widget",
-                             recommendation=rec)
+                             recommendation=rec, allow_predicted=allow_predicted)
 
 
 # ============================================================================================ the view
@@ -333,23 +375,23 @@ class Tuner:
         self.tokens = w.Text(value=",".join(map(str, state.token_counts)), description="tokens")
         self.variants = w.SelectMultiple(options=list(REFERENCE_VARIANTS) + [TUNED], value=tuple(state.variants),
                                          description="variants", rows=4)
-        self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play")
-        self.replay_button = w.Button(description="Replay recorded", icon="history")
+        self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play", layout=w.Layout(width="auto"))
+        self.replay_button = w.Button(description="Replay recorded", icon="history", layout=w.Layout(width="auto"))
         self.progress = w.IntProgress(value=0, min=0, max=max(state.total, 1), description="0 / 0")
         self.shape = w.Dropdown(options=list(SHAPES), value=self._shape_label(), description="policy")
         self.slider = w.SelectionSlider(options=self._slider_options(), value=self._slider_value(),
                                         description="async_tp_min_tokens", continuous_update=False,
                                         style={"description_width": "initial"}, layout=w.Layout(width="520px"))
-        self.recommend_button = w.Button(description="Use recommended", icon="star")
+        self.recommend_button = w.Button(description="Use recommended", icon="star", layout=w.Layout(width="auto"))
         self.export_dir = w.Text(value=str(export_dir), description="export to")
-        self.export_button = w.Button(description="Export config", icon="download")
+        self.export_button = w.Button(description="Export config", icon="download", layout=w.Layout(width="auto"))
         self.status = w.HTML()
         self.regret_html = w.HTML()
         self.plot = LiveFigure()
         self.run_button.on_click(lambda _b: self.start_sweep())
         self.replay_button.on_click(lambda _b: self.replay())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
-        self.export_button.on_click(lambda _b: self.export())
+        self.export_button.on_click(lambda _b: self._export_clicked())
         self.slider.observe(lambda change: self.set_threshold(change["new"]), names="value")
         self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
@@ -380,7 +422,7 @@ class Tuner:
 
     def _slider_value(self) -> str:
         options = self._slider_options()
-        value = NEVER if self.state.threshold is None else str(self.state.threshold)
+        value = describe_threshold(self.state.threshold)
         if value in options:
             return value
         # a threshold between measured counts acts like the next measured count above it
@@ -464,20 +506,35 @@ class Tuner:
             self._sync_controls()
             self.redraw()
 
-    def export(self) -> Path | None:
-        """Write the tuned config to the export directory; the status line says what the file says."""
+    def export(self, *, allow_predicted: bool = False) -> Path:
+        """Write the tuned config to the export directory; the status line says what the file says.
+
+        Raises ``ValueError`` in the calling cell when there is nothing to export (it says to run a sweep first),
+        or when the rows are the demo's predicted ones and ``allow_predicted`` is not given.
+        """
         try:
-            path = self.state.export(self.export_dir.value)
+            path = self.state.export(self.export_dir.value, allow_predicted=allow_predicted)
         except ValueError as e:
             self._say(f"export failed: {e}", error=True)
-            return None
+            raise
         config = self.state.tuned_config()
-        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}) "
+        said = f" (from {PREDICTED} rows: not measured)" if self.state.source == PREDICTED else ""
+        self._say(f"exported {Policy.of(config).name} (async_tp_min_tokens={threshold_text(config)}){said} "
                   f"to <code>{path}</code>")
+        print(describe_file(path))  # what the file does in vLLM, model code and torch.compile, in the cell
         return path
+
+    def _export_clicked(self) -> None:
+        """The Export button: a click has no cell to raise into; the status line shows the error."""
+        try:
+            self.export()
+        except ValueError:
+            pass  # already said in the status line
 
     # ------------------------------------------------------------------ drawing
     def _vllm(self) -> int | None:
+        if not self._on_gpu():  # a CPU toy: vLLM's bytes-per-GPU rule says nothing about it
+            return None
         try:
             return self.state.vllm_threshold()
         except (ValueError, OSError):
@@ -495,7 +552,7 @@ class Tuner:
         from sp_lab.viz.latency import plot_latency
 
         state = self.state
-        rec = state.recommendation()
+        rec = state.recommendation_or_none()
         fig = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
                            title=self._title())
         if rec is not None and rec.policy != state.policy():
@@ -515,18 +572,39 @@ class Tuner:
         if rec is None:
             return "<i>a policy needs baseline and sp or sp+async_tp rows at the same token count</i>"
         table = self.state.regret()
+        right = "style='text-align:right;padding:1px 10px'"
+        left = "style='text-align:left;padding:1px 10px'"
         cells = "".join(
-            f"<tr><td>{r['num_tokens']}</td><td>{r['variant_run']}</td><td>{r['latency_us']:.1f}</td>"
-            f"<td>{r['best_variant']}</td><td>{r['best_us']:.1f}</td><td>{100 * r['regret_rel']:.1f}%</td></tr>"
+            f"<tr><td {right}>{r['num_tokens']}</td><td {left}>{r['variant_run']}</td>"
+            f"<td {right}>{r['latency_us']:.1f}</td><td {left}>{r['best_variant']}</td>"
+            f"<td {right}>{r['best_us']:.1f}</td><td {right}>{100 * r['regret_rel']:.1f}%</td></tr>"
             for r in table.iter_rows(named=True))
+        heads = "".join(f"<th {right if i in (0, 2, 4, 5) else left}>{h}</th>" for i, h in enumerate(
+            ("tokens", "config runs", "its latency, us", "fastest variant", "fastest, us", "regret")))
         total = float(table["regret_rel"].sum()) if table.height else float("nan")
         worst = float(table["regret_rel"].max()) if table.height else float("nan")
+        said = (" <b>(from predicted rows: the performance model's choice, not measured)</b>"
+                if self.state.source == PREDICTED else "")
+        return (f"<b>recommended:</b> {rec.summary()}{said}<br><i>{rec.noise_line()}</i><br>"
+                f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, summed over the "
+                f"token counts {100 * total:.1f}%{self._vllm_line()}"
+                "<table style='border-collapse:collapse;margin-top:4px'>"
+                f"<tr style='border-bottom:1px solid #999'>{heads}</tr>{cells}</table>")
+
+    def _vllm_line(self) -> str:
+        """vLLM's own SP rule for comparison, only where it means something: GPU rows (measured or predicted)."""
         vllm = self._vllm()
-        return (f"<b>recommended:</b> {rec.summary()}<br><i>{rec.noise_line()}</i><br>"
-                f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, total {total:.3f}; "
-                f"vLLM's rule (Hopper): {vllm if vllm is not None else 'SP off (hidden < 8192)'}"
-                "<table><tr><th>tokens</th><th>runs</th><th>us</th><th>best</th><th>best us</th><th>regret</th></tr>"
-                f"{cells}</table>")
+        if not self._on_gpu():
+            return ""
+        rule = f"SP from {vllm} tokens" if vllm is not None else "SP off (hidden size below its limit)"
+        return f"; vLLM's own rule on Hopper for this model and tp: {rule}"
+
+    def _on_gpu(self) -> bool:
+        """The rows shown come from (or predict) a GPU: vLLM's Hopper rule applies to them."""
+        rows = self.state.snapshot()
+        if not rows.height or "device_name" not in rows.columns:
+            return False
+        return self.state.source == PREDICTED or not str(rows["device_name"][0]).lower().startswith("cpu")
 
 
 def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS,
@@ -538,15 +616,23 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
 
     Args:
         model, tp, token_counts, variants, num_layers: the live sweep's setup (editable in the widget).
-        store_dir: sweep store of live rows (a rerun resumes from it); the CLI's default store.
+        store_dir: sweep store of live rows (a rerun resumes from it). The default is the CLI's store in the
+            project (:func:`sp_lab.paths.default_store`), wherever the kernel runs; ``None``: no live sweep.
         config: base ``LabConfig`` the policy gates (default ``LabConfig(tp_size=tp)``).
         threshold: initial threshold (default: the config's ``async_tp_min_tokens``).
-        export_dir: where Export writes the tuned config.
-        replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for the
-            simulated prediction from the recorded H200 data. ``None`` starts empty (run a sweep or
+        export_dir: where Export writes the tuned config (default: the project's ``out/``, as the CLI).
+        replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for a demo of
+            the performance model's rows on H200s (``source="predicted"``). ``None`` starts empty (run a sweep or
             press "Replay recorded").
         **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
+    from sp_lab.models.registry import resolve_config
+    from sp_lab.paths import default_out, default_store
+
+    resolve_config(model, num_layers=num_layers)  # a typo is refused here, in the calling cell ("did you mean")
+    # The default spellings mean the project's folders, not the kernel's directory (notebooks/).
+    store_dir = default_store() if store_dir == DEFAULT_STORE else store_dir
+    export_dir = default_out() if export_dir == DEFAULT_OUT else export_dir
     state = TunerState(model=model, tp=tp, token_counts=sorted(set(token_counts)), variants=list(variants),
                        num_layers=num_layers, store_dir=None if store_dir is None else str(store_dir),
                        config=config, sweep_kwargs=dict(sweep_kwargs))
@@ -557,4 +643,4 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
     return tuner
 
 
-__all__ = ["SHAPES", "Tuner", "TunerState", "simulated_rows", "tune"]
+__all__ = ["SHAPES", "Tuner", "TunerState", "predicted_rows", "tune"]

@@ -79,7 +79,7 @@ def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, s
     workdir.mkdir(parents=True)
     shutil.copy(notebook, workdir / notebook.name)
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "SP_LAB_SMOKE": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+    env = {**os.environ, "SP_LAB_SMOKE": "1", "SP_LAB_OUT": str(tmp_path / "out"), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
     # Render every cell: JupyterLab 4 leaves cells out of the page until they are scrolled to ("windowing"),

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -167,5 +169,23 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                 page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
                 page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
                 _shoot(page, "tuner.png")
+
+                # The sweep's HTML report of the rows this notebook measured (the store is the notebook's, under
+                # SP_LAB_OUT): every plot in it drawn, and its screenshot for the README.
+                report = tmp_path / "out" / "report.html"
+                made = subprocess.run([sys.executable, "-m", "sp_lab", "report", "--store",
+                                       str(tmp_path / "out" / "sweeps"), "--out", str(report)],
+                                      check=False, capture_output=True, text=True, timeout=300)
+                assert made.returncode == 0, made.stderr
+                page.set_viewport_size({"width": 1250, "height": 1400})
+                page.goto(report.as_uri())
+                page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length"
+                                       " > 0", timeout=60_000)
+                drawn = page.evaluate(DRAWN_JS)
+                assert drawn and all(p["traces"] > 0 for p in drawn), f"a plot of the report is blank: {drawn}"
+                artifacts = ROOT / "artifacts"
+                page.screenshot(path=str(artifacts / "report.png"), full_page=False)
+                if os.environ.get("SP_LAB_UPDATE_SCREENSHOT") == "1":
+                    shutil.copy(artifacts / "report.png", ROOT / "docs" / "img" / "report.png")
         finally:
             browser.close()

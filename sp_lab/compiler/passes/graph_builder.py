@@ -19,7 +19,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["GraphBuilder", "fake_value", "is_tensor_node", "same_size"]
+# Float8 types collectives move as uint8 (same size, any backend).
+FP8_BYTES_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+__all__ = ["FP8_BYTES_DTYPES", "GraphBuilder", "fake_value", "is_tensor_node", "same_size"]
 
 # Where a node came from: copied onto the nodes a pass adds in its place, so the report can still name the
 # model's tensor (``residual``), its module and source line after SP rewrote it.
@@ -101,8 +104,14 @@ class GraphBuilder:
         return self.call(aten.reshape.default, tensor, shape)
 
     def all_gather(self, shard: fx.Node, group_size: int, group_name: str) -> fx.Node:
-        gathered = self.call(c10d.all_gather_into_tensor.default, shard, group_size, group_name)
-        return self.call(c10d.wait_tensor.default, gathered)
+        """All-gather along dim 0. FP8 values travel as their bytes (``view(uint8)``): gloo has no float8
+        type ("Invalid scalar type"), and for NCCL the bytes are the same."""
+        dtype = shard.meta["val"].dtype if is_tensor_node(shard) else None
+        if dtype in FP8_BYTES_DTYPES:
+            shard = self.call(aten.view.dtype, shard, torch.uint8)
+        gathered = self.call(c10d.wait_tensor.default,
+                             self.call(c10d.all_gather_into_tensor.default, shard, group_size, group_name))
+        return self.call(aten.view.dtype, gathered, dtype) if dtype in FP8_BYTES_DTYPES else gathered
 
     def reduce_scatter(self, tensor: fx.Node, group_size: int, group_name: str) -> fx.Node:
         scattered = self.call(c10d.reduce_scatter_tensor.default, tensor, "sum", group_size, group_name)

@@ -69,6 +69,11 @@ TOKEN_LOCAL_REDUCTIONS = {
 TOKEN_LOCAL_OTHER = {aten._to_copy.default, aten.clone.default, aten.alias.default}
 # Views that are token-local when they keep each token's row (checked on the shapes).
 VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+# Matmuls whose token-major operand gets its own all_gather (a fusable pair), by the index of that operand.
+# ``_scaled_mm``'s per-token scale (argument 2, ``[N, 1]``) travels with its rows; a tensorwise scale is not
+# token-major and stays as it is.
+MATMUL_ROWS = {aten.mm.default: 0, aten.addmm.default: 1, aten._scaled_mm.default: 0}
+_ROW_SCALE = 2
 
 
 @dataclass
@@ -233,6 +238,15 @@ class _Rewriter:
     def _padded(self, node: fx.Node, dim: int = 0) -> fx.Node:
         return self.b.pad_rows(node, self.pad, dim) if self.needs_pad else node
 
+    def _padded_scale(self, scale: fx.Node) -> fx.Node:
+        """A per-token scale ``[N, 1]`` padded as ``[N]`` and viewed back with explicit strides ``(1, 1)``:
+        Inductor is free to lay out a size-1 dimension with any stride (it chose ``N + p`` and ``0``), and
+        ``_scaled_mm`` refuses a row-wise scale whose ``stride(1) != 1``; ``as_strided`` pins the layout."""
+        if not self.needs_pad:
+            return scale
+        flat = self.b.pad_rows(self.b.view(scale, [self.tokens]), self.pad)
+        return self.b.call(aten.as_strided.default, flat, [self.b.sym(operator.add, self.tokens, self.pad), 1], [1, 1])
+
     def _full(self, node: fx.Node) -> fx.Node:
         """The full value of a sharded node (one all_gather per node, inserted at first need), in the node's
         own layout (``[B, S, ...]`` again for a batched value)."""
@@ -299,6 +313,16 @@ class _Rewriter:
                 for d in ([dims] if isinstance(dims, int) else dims))
         return False
 
+    def _row_operands(self, matmul: fx.Node) -> list[int]:
+        """The argument indices of a matmul that hold its token rows: A, and a scaled matmul's per-token
+        scale ``[N, 1]`` (a tensorwise ``[]`` scale holds no rows)."""
+        rows = [MATMUL_ROWS[matmul.target]]
+        if matmul.target is aten._scaled_mm.default:
+            scale = matmul.args[_ROW_SCALE]
+            if is_tensor_node(scale) and scale.meta["val"].dim() == 2 and self._tdim(scale.meta["val"]) == 0:
+                rows.append(_ROW_SCALE)
+        return rows
+
     # -- rewrites ------------------------------------------------------------------------------------------------
     def _rewrite_site(self, wait: fx.Node, index: int) -> None:
         all_reduce = wait.args[0]
@@ -306,18 +330,18 @@ class _Rewriter:
         t = self._tdim(x.meta["val"])
         flat = x
         if (x.target in VIEWS and len(x.users) == 1 and is_tensor_node(x.args[0])
-                and x.args[0].target in (aten.mm.default, aten.addmm.default) and self._tdim(x.args[0].meta["val"]) == 0):
+                and x.args[0].target in MATMUL_ROWS and self._tdim(x.args[0].meta["val"]) == 0):
             # F.linear on [B, S, H] (or [B, 1, H] at one token a sequence): reduce-scatter the mm's [N, H]
             # output itself, so that mm -> reduce_scatter is a fusable pair.
             flat = x.args[0]
         with self.graph.inserting_before(wait), self.b.standing_for(wait):
-            if flat.target in (aten.mm.default, aten.addmm.default) and len(flat.users) == 1 and self.needs_pad:
+            if flat.target in MATMUL_ROWS and len(flat.users) == 1 and self.needs_pad:
                 # Pad the matmul's rows instead of its output so that mm -> reduce_scatter stays fusable.
                 with self.graph.inserting_before(flat):
-                    a_index = 0 if flat.target is aten.mm.default else 1
                     args = list(flat.args)
-                    args[a_index] = self._padded(flat.args[a_index])
-                    to_scatter = self.b.call(flat.target, *args)
+                    for i in self._row_operands(flat):
+                        args[i] = self._padded(flat.args[i]) if i != _ROW_SCALE else self._padded_scale(flat.args[i])
+                    to_scatter = self.b.call(flat.target, *args, **flat.kwargs)
             else:
                 if self._tdim(flat.meta["val"]) != 0:
                     flat = self.b.view(flat, [self.tokens, *self._rest(flat, t)])
@@ -359,15 +383,19 @@ class _Rewriter:
 
     def _rewrite_consumer(self, node: fx.Node) -> None:
         with self.graph.inserting_before(node), self.b.standing_for(node):
-            if node.target in (aten.mm.default, aten.addmm.default):
-                a_index = 0 if node.target is aten.mm.default else 1
-                a = node.args[a_index]
+            if node.target in MATMUL_ROWS:
+                rows = self._row_operands(node)
+                a = node.args[MATMUL_ROWS[node.target]]
                 if (a in self.shard and self._tdim(a.meta["val"]) == 0
-                        and not any(x in self.shard for i, x in enumerate(node.args) if i != a_index)):
+                        and all(node.args[i] in self.shard for i in rows)
+                        and not any(x in self.shard for i, x in enumerate(node.args) if i not in rows)):
                     # Own all_gather per matmul, sliced after the matmul: all_gather -> mm is a fusable pair.
+                    # A scaled matmul's FP8 rows and their per-token scales are gathered as they are: the
+                    # 1-byte values, not the bf16 activations they were quantised from.
                     args = list(node.args)
-                    args[a_index] = self.b.all_gather(self.shard[a], self.tp, self.group_name)
-                    out = self.b.call(node.target, *args)
+                    for i in rows:
+                        args[i] = self.b.all_gather(self.shard[node.args[i]], self.tp, self.group_name)
+                    out = self.b.call(node.target, *args, **node.kwargs)
                     if self.needs_pad:
                         out = self.b.narrow_rows(out, 0, self.tokens)
                     node.replace_all_uses_with(out)

@@ -18,11 +18,12 @@ import polars as pl
 from sp_lab.programs import REFERENCE_VARIANTS
 from sp_lab.resources import preset_names
 from sp_lab.tuning.predict.crossover import Crossover, predicted_crossover
-from sp_lab.tuning.predict.layer import Target, num_layers_of, predict_layers
-from sp_lab.vocabulary import BASELINE, PREDICTED, SP, SP_ASYNC_TP
+from sp_lab.tuning.predict.layer import PREDICTED_RULE, Target, num_layers_of, predict_layers
+from sp_lab.vocabulary import BASELINE, PREDICTED, SP, SP_ASYNC_TP, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
+    from sp_lab.rules import MatmulRule
 
 DEFAULT_TOKENS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 """Token counts the curves are printed at unless told otherwise."""
@@ -52,6 +53,8 @@ class Prediction:
     """Where ``sp+async_tp`` starts to beat ``baseline``."""
     sp: Crossover
     """Where ``sp`` starts to beat ``baseline``."""
+    rule_name: str = "per-matmul rule the model implies"
+    """What decided the ``tuned`` curve: each matmul fused or not."""
 
     def config(self, base: LabConfig | None = None) -> LabConfig:
         """The config the prediction suggests: baseline below the AsyncTP crossover, SP + AsyncTP from it on
@@ -79,23 +82,24 @@ class Prediction:
         g, ic = self.target.gpu, self.target.interconnect
         layers = int(self.rows["num_layers"][0])
         wide = self.rows.pivot(on="variant", index="num_tokens", values="latency_us").sort("num_tokens")
-        head = f"{'tokens':>7} " + " ".join(f"{v:>12}" for v in REFERENCE_VARIANTS) + "   fastest"
+        shown = [*REFERENCE_VARIANTS, TUNED]
+        head = f"{'tokens':>7} " + " ".join(f"{v:>12}" for v in shown) + "   fastest"
         lines = [
             (f"PREDICTED (source: {PREDICTED}), not measured: {self.model}, tp {self.tp}, {self.tp}x {g.label}, "
             f"{self.target.dtype}, {self.target.timing} timing"),
             (f"  interconnect {ic.label}: busbw {ic.busbw_gbps:.0f} GB/s, alpha {ic.alpha_us:g} us, copies "
-            f"{ic.copy_gbps:.0f} GB/s (sources in sp_lab/data/hardware.json)"),
+            f"{ic.copy_gbps:.0f} GB/s (sources in data/hardware.json)"),
             ("  kernels: single-GPU tables measured on one H200 (torch 2.11), scaled by datasheet peaks; fused ops "
             "as chunk pipelines with contention and their own measured cost"),
             "",
-            f"Predicted latency, {layers} decoder layers (attention included; embeddings and LM head excluded), ms:",
+            f"Predicted latency, {layers} decoder layers (attention and activation included; embeddings and LM head excluded), ms:",
             head,
         ]
         for r in wide.iter_rows(named=True):
-            vals = {v: r[v] for v in REFERENCE_VARIANTS}
+            vals = {v: r[v] for v in shown}
             best = min(vals, key=vals.get)
-            lines.append(f"{r['num_tokens']:>7} " + " ".join(f"{vals[v] / 1e3:>12.3f}" for v in REFERENCE_VARIANTS)
-                         + f"   {best}")
+            lines.append(f"{r['num_tokens']:>7} " + " ".join(f"{vals[v] / 1e3:>12.3f}" for v in shown) + f"   {best}")
+        lines.append(f"  ({TUNED}: SP with each matmul fused or not by the {self.rule_name})")
         summary = self.config_summary()
         lines += [
             "",
@@ -111,12 +115,15 @@ class Prediction:
 
 
 def predict(model: str, tp: int, gpu: str = "h200", *, tokens: Sequence[int] = DEFAULT_TOKENS,
-            dtype: str = "bfloat16", timing: str = "graph") -> Prediction:
+            dtype: str = "bfloat16", timing: str = "graph", rule: MatmulRule | None = None) -> Prediction:
     """Predict ``model`` (a preset) at ``tp`` on 8-GPU boards of ``gpu``; ``ValueError`` naming the allowed
-    models / GPUs / dtypes for a bad one."""
+    models / GPUs / dtypes for a bad one. ``rule``: the per-matmul rule of the ``tuned`` curve (default: the
+    one the model implies, fusing each matmul where its predicted fused time is smaller)."""
     check_model(model)
     target = Target.of(gpu, dtype=dtype, timing=timing)
-    rows = predict_layers(model, tp, tokens, target, num_layers=num_layers_of(model), full_layer=True)
+    rows = predict_layers(model, tp, tokens, target, num_layers=num_layers_of(model), full_layer=True,
+                          rule=rule if rule is not None else PREDICTED_RULE)
+    name = "per-matmul rule the model implies" if rule is None else f"given rule {rule.uuid()[:8]}"
     return Prediction(model=model, tp=tp, target=target, rows=rows,
                       async_tp=predicted_crossover(model, tp, target),
-                      sp=predicted_crossover(model, tp, target, variant=SP))
+                      sp=predicted_crossover(model, tp, target, variant=SP), rule_name=name)

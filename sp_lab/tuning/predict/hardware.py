@@ -1,6 +1,6 @@
 """The hardware a prediction is for: GPUs (compute and memory peaks) and their interconnect's alpha-beta costs.
 
-Read from ``sp_lab/data/hardware.json``, where every number carries its public source (vendor datasheets,
+Read from ``data/hardware.json``, where every number carries its public source (vendor datasheets,
 public nccl-tests figures) or says it is an assumption. Nothing here was measured by sp_lab.
 
 Communication is an alpha-beta model: a ring collective over ``tp`` ranks on a full ``[T, H]`` tensor of

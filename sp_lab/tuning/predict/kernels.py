@@ -1,6 +1,6 @@
 """Single-GPU kernel times the performance model is built from: measured on one H200, scaled to the target GPU.
 
-Three measured ingredients, all shipped under ``sp_lab/data/h200/`` with their provenance:
+Three measured ingredients, all shipped under ``data/h200/`` with their provenance:
 
 - ``mm``: one ``[M, K] @ [K, N]`` matmul at the per-rank (shard) shapes, bf16, CUDA-graph replay;
 - ``mm_chunked``: the same rows split into ``tp`` matmuls -- what a ``tp``-way fused kernel computes;
@@ -35,22 +35,40 @@ SINGLE_GPU_JSON = h200_file("matmul_single_gpu.json")
 """``mm``, ``mm_chunked`` and ``fused_ws1`` rows, written by benchmarks/bench_matmul_h200.py on the H200."""
 SYMM_MEM_WS1_JSON = h200_file("symm_mem_ws1.json")
 """The fused ops on a one-rank group, eager and under CUDA graphs (host cost of an eager fused call)."""
+FP8_SINGLE_GPU_JSON = h200_file("matmul_fp8_single_gpu.json")
+"""FP8 ``torch._scaled_mm`` rows (rowwise, tensorwise, rowwise chunked) beside same-run bf16 ones, written by
+benchmarks/bench_matmul_fp8_h200.py on the H200 (read when shipped)."""
 ATTENTION_JSON = h200_file("attention.json")
 """``sp_lab::attention`` (causal, one sequence), Llama-3-8B heads: 32 query heads of 128, CUDA-graph replay."""
 MEASURED_ON = "h200"
 """The GPU the shipped tables were measured on (key in hardware.json)."""
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8": 1, "float32": 4}
-"""Bytes per element of the dtypes a prediction can be asked for."""
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8": 1, "float8_tensorwise": 1, "float32": 4}
+"""Bytes per element of the dtypes a prediction can be asked for. ``float8`` is FP8 with rowwise scales (per
+token and per output channel: vLLM's FP8 on Hopper); ``float8_tensorwise`` has one scale per tensor
+(torchtitan's float8 training recipe). Both are ``torch._scaled_mm`` on float8_e4m3fn operands, bf16 out."""
+_FP8_TENSORWISE = ("float8_tensorwise", "fp8_tensorwise", "fp8-tensorwise", "float8-tensorwise")
+_FP8_ROWWISE = ("float8", "fp8", "fp8_rowwise", "fp8-rowwise", "float8_rowwise", "float8_e4m3fn")
 
 
 def canonical_dtype(dtype: str) -> str:
-    """``"bfloat16"``, ``"float8"`` (any float8 variant), ...; ``ValueError`` naming the supported dtypes."""
-    key = str(dtype).removeprefix("torch.")
-    key = "float8" if key.startswith("float8") else key
+    """``"bfloat16"``, ``"float8"`` (rowwise: ``fp8``, ``float8_e4m3fn``, ...), ``"float8_tensorwise"``
+    (``fp8-tensorwise``), ...; ``ValueError`` naming the supported spellings."""
+    key = str(dtype).removeprefix("torch.").lower()
+    if key in _FP8_TENSORWISE:
+        return "float8_tensorwise"
+    if key in _FP8_ROWWISE:
+        return "float8"
     if key not in DTYPE_BYTES:
-        raise ValueError(f"unsupported dtype {dtype!r}; supported: {sorted(DTYPE_BYTES)}")
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {sorted(DTYPE_BYTES)} (FP8 also as fp8, "
+                         "float8_e4m3fn, fp8-tensorwise)")
     return key
+
+
+def peak_key(dtype: str) -> str:
+    """The datasheet peak a dtype runs at (``Gpu.peak_tflops`` key): both FP8 scalings run at the FP8 peak."""
+    key = canonical_dtype(dtype)
+    return "float8" if key.startswith("float8") else "bfloat16"
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -171,9 +189,9 @@ class MatmulTable:
 
     @classmethod
     def default(cls) -> MatmulTable:
-        """The tables shipped under ``sp_lab/data/h200/``: the single-GPU bench output when present, plus the
-        tp=8 chunking table (both measured on one H200)."""
-        paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON) if p.exists()]
+        """The tables shipped under ``data/h200/``: the single-GPU bench output when present, the tp=8
+        chunking table and, once shipped, the FP8 bench output (all measured on one H200)."""
+        paths = [p for p in (SINGLE_GPU_JSON, CHUNKING_TP8_JSON, FP8_SINGLE_GPU_JSON) if p.exists()]
         if not paths:
             raise FileNotFoundError(f"no shipped matmul tables under {H200_DIR}; expected {CHUNKING_TP8_JSON.name}")
         return cls.from_files(*paths)
@@ -189,26 +207,38 @@ def _load_table_file(path: Path) -> tuple[pl.DataFrame, dict]:
         data = json.loads(path.read_text())
         meta, records = data["meta"], data["rows"]
     device, torch_version = str(meta.get("device")), str(meta.get("torch"))
-    dtype = str(meta.get("dtype") or "bfloat16").removeprefix("torch.")
-    dtype = "float8" if dtype.startswith("float8") else dtype
+    dtype = canonical_dtype(meta.get("dtype") or "bfloat16")
     if meta.get("source", MEASURED) != MEASURED:
         raise ValueError(f"{path}: meta.source is {meta.get('source')!r}; a MatmulTable holds measured rows only")
     out = []
     for r in records:
         if "full_us" in r:  # gemm_chunking_tp8.json layout: one row per (shape, M) with both timings
-            base = {"m": r["M"], "n": r["N"], "k": r["K"]}
+            base = {"m": r["M"], "n": r["N"], "k": r["K"], "dtype": dtype}
             out.append({**base, "variant": "mm", "chunks": 1, "us": r["full_us"]})
             out.append({**base, "variant": "mm_chunked", "chunks": r["tp"], "us": r["chunked_us"]})
-        elif r.get("variant") in ("mm", "mm_chunked", "fused_ws1") and r.get("us") is not None:  # bench_matmul_h200 layout
+        elif r.get("us") is None:  # a failed or skipped measurement
+            continue
+        elif r.get("variant") in ("mm", "mm_chunked", "fused_ws1"):  # bench_matmul_h200 layout
             # Bench rows multiply m_padded rows; that is the M the time belongs to.
             out.append({"m": r.get("m_padded", r["m"]), "n": r["n"], "k": r["k"], "variant": r["variant"],
-                        "chunks": r.get("chunks", 1), "us": r["us"]})
+                        "chunks": r.get("chunks", 1), "us": r["us"], "dtype": dtype})
+        elif r.get("variant") in FP8_BENCH_VARIANTS:  # bench_matmul_fp8_h200 layout
+            variant, row_dtype = FP8_BENCH_VARIANTS[r["variant"]]
+            out.append({"m": r.get("m_padded", r["m"]), "n": r["n"], "k": r["k"], "variant": variant,
+                        "chunks": r.get("chunks", 1), "us": r["us"], "dtype": row_dtype})
     df = pl.DataFrame(out, schema={"m": pl.Int64, "n": pl.Int64, "k": pl.Int64, "variant": pl.Utf8,
-                                   "chunks": pl.Int64, "us": pl.Float64})
+                                   "chunks": pl.Int64, "us": pl.Float64, "dtype": pl.Utf8})
     # Duplicate (shape, M) points from several files or models average out.
-    df = df.group_by("m", "n", "k", "variant", "chunks").agg(pl.col("us").median()).sort("m", "n", "k", "variant", "chunks")
-    return df.with_columns(device_name=pl.lit(device), torch_version=pl.lit(torch_version), dtype=pl.lit(dtype),
+    key = ["m", "n", "k", "variant", "chunks", "dtype"]
+    df = df.group_by(key).agg(pl.col("us").median()).sort(key)
+    return df.with_columns(device_name=pl.lit(device), torch_version=pl.lit(torch_version),
                            source=pl.lit(MEASURED), file=pl.lit(path.name)), meta
+
+
+FP8_BENCH_VARIANTS = {"fp8_rowwise": ("mm", "float8"), "fp8_tensorwise": ("mm", "float8_tensorwise"),
+                      "fp8_rowwise_chunked": ("mm_chunked", "float8")}
+"""benchmarks/bench_matmul_fp8_h200.py's FP8 variants as (table variant, dtype). Its ``bf16`` and ``bf16_chunked``
+rows are that run's own reference and are not read: the bf16 predictions keep the bf16 tables they were made from."""
 
 
 @dataclass(frozen=True)
@@ -225,15 +255,18 @@ class RooflineMatmul:
     hbm_gbps: float
     """Effective memory bandwidth for the operands, GB/s."""
 
+    out_bytes: int = 2
+    """Element size of the output (bf16 also for FP8 operands)."""
+
     def mm_us(self, m: int, n: int, k: int, dtype_bytes: int = 2) -> float:
-        """Predicted time of one ``[m, k] @ [k, n]`` matmul."""
+        """Predicted time of one ``[m, k] @ [k, n]`` matmul with ``dtype_bytes``-wide operands."""
         compute, memory = self.parts_us(m, n, k, dtype_bytes)
         return self.floor_us + max(compute, memory)
 
     def parts_us(self, m: int, n: int, k: int, dtype_bytes: int = 2) -> tuple[float, float]:
         """(compute-bound time, memory-bound time) of one matmul, without the floor."""
         compute = 2.0 * m * n * k / (self.peak_tflops * 1e6)
-        memory = dtype_bytes * (m * k + k * n + m * n) / (self.hbm_gbps * 1e3)
+        memory = (dtype_bytes * (m * k + k * n) + self.out_bytes * m * n) / (self.hbm_gbps * 1e3)
         return compute, memory
 
     def memory_share(self, m: int, n: int, k: int, dtype_bytes: int = 2) -> float:
@@ -246,15 +279,23 @@ class RooflineMatmul:
         return chunks * self.mm_us(max(1, m // chunks), n, k)
 
 
-def fit_roofline(table: MatmulTable) -> RooflineMatmul:
-    """Fit :class:`RooflineMatmul` to the table's ``mm`` rows (least squares on log time over a grid)."""
-    mm = table.rows.filter((pl.col("variant") == "mm") & (pl.col("dtype") == "bfloat16"))
+def fit_roofline(table: MatmulTable, dtype: str = "bfloat16") -> RooflineMatmul:
+    """Fit :class:`RooflineMatmul` to the table's ``mm`` rows of ``dtype`` (least squares on log time over a grid:
+    peaks scaled by the H200 datasheet's peak for that dtype, operands ``dtype``-wide, bf16 output)."""
+    key = canonical_dtype(dtype)
+    mm = table.rows.filter((pl.col("variant") == "mm") & (pl.col("dtype") == key))
+    if mm.height < 3:
+        raise ValueError(f"too few measured {key} mm rows to fit a roofline ({mm.height}); dtypes: {table.dtypes()}")
     m, n, k, us = (mm[c].to_numpy().astype(float) for c in ("m", "n", "k", "us"))
+    width = dtype_bytes(key)
+    h200 = gpu(MEASURED_ON).peak_tflops
+    peaks = np.linspace(500, 990, 50) * h200[peak_key(key)] / h200["bfloat16"]  # FP8: twice the bf16 grid
     best, best_err = None, math.inf
     for floor in np.linspace(0.5 * us.min(), us.min(), 6):
-        for peak in np.linspace(500, 990, 50):
+        for peak in peaks:
             for hbm in np.linspace(2000, 4800, 29):
-                pred = floor + np.maximum(2 * m * n * k / (peak * 1e6), 2 * (m * k + k * n + m * n) / (hbm * 1e3))
+                pred = floor + np.maximum(2 * m * n * k / (peak * 1e6),
+                                          (width * (m * k + k * n) + 2 * m * n) / (hbm * 1e3))
                 err = float(np.mean(np.log(pred / us) ** 2))
                 if err < best_err:
                     best, best_err = (floor, peak, hbm), err
@@ -291,7 +332,7 @@ def fit_staging(table: MatmulTable, side: str) -> StagingFit:
     rows = table.rows.filter(pl.col("dtype") == "bfloat16")
     mm = rows.filter(pl.col("variant") == "mm").select("m", "n", "k", mm_us="us")
     ws1 = rows.filter(pl.col("variant") == "fused_ws1").select("m", "n", "k", ws1_us="us")
-    both = ws1.join(mm, on=["m", "n", "k"]).join(_SIDE_OF_SHAPE, on=["n", "k"]).filter(pl.col("side") == side)
+    both = ws1.join(mm, on=["m", "n", "k"]).join(_side_of_shape(), on=["n", "k"]).filter(pl.col("side") == side)
     if both.height < 2:
         raise ValueError(f"no fused_ws1 rows for side {side!r}: run benchmarks/bench_matmul_h200.py on a GPU")
     width = both["k"] if side == "ag" else both["n"]
@@ -301,13 +342,12 @@ def fit_staging(table: MatmulTable, side: str) -> StagingFit:
     return StagingFit(fixed_us=max(0.0, float(fixed)), gbps=float(1.0 / (max(slope, 1e-12) * 1e3)))
 
 
+@cache
 def _side_of_shape() -> pl.DataFrame:
+    """``n, k, side`` of every shape the bench measured (its rows say which side each matmul is on)."""
     data = json.loads(SINGLE_GPU_JSON.read_text()) if SINGLE_GPU_JSON.exists() else {"rows": []}
     pairs = {(r["n"], r["k"], r["side"]) for r in data["rows"] if "side" in r}
     return pl.DataFrame(sorted(pairs), schema={"n": pl.Int64, "k": pl.Int64, "side": pl.Utf8}, orient="row")
-
-
-_SIDE_OF_SHAPE = _side_of_shape()
 
 
 @cache
@@ -315,8 +355,8 @@ def host_cost_us() -> dict[str, float]:
     """Host time of one eager call, from ``symm_mem_ws1.json``: ``"mm"`` (a plain matmul) and the fused ops
     ``"ag"`` / ``"rs"`` (median over M: they are launch-bound there, flat in M)."""
     rows = json.loads(SYMM_MEM_WS1_JSON.read_text())["rows"]
-    med = lambda key: float(np.median([r[key] for r in rows]))
-    return {"mm": med("mm_ag_eager"), "ag": med("fused_ag_mm_eager"), "rs": med("fused_mm_rs_eager")}
+    columns = {"mm": "mm_ag_eager", "ag": "fused_ag_mm_eager", "rs": "fused_mm_rs_eager"}
+    return {key: float(np.median([r[col] for r in rows])) for key, col in columns.items()}
 
 
 # ------------------------------------------------------------------------------------------ per GPU
@@ -333,10 +373,15 @@ class KernelModel:
     """The GPU predicted for."""
     dtype: str = "bfloat16"
     """Matmul dtype (``"bfloat16"``; ``"float8"`` once FP8 tables are shipped)."""
+    measured_shapes: bool = True
+    """Read measured rows where the shape was measured. ``False``: every shape from the forms fitted to them
+    (roofline, staging fit), a smooth function of the shape -- for synthetic fixtures a rule must learn."""
     roofline: RooflineMatmul = field(init=False)
-    """Fit to the table's bf16 ``mm`` rows: estimates for unmeasured shapes, and each kernel's memory share."""
+    """Fit to the table's ``mm`` rows of this dtype: estimates for unmeasured shapes, each kernel's memory share."""
     staging: dict[str, StagingFit] = field(init=False)
     """Fused-op overhead fits per side, for shapes without ``fused_ws1`` rows."""
+    memory_gbps: float = field(init=False)
+    """H200 memory rate of bf16 passes (norms, activations): the bf16 roofline fit's, whatever the matmul dtype."""
     estimated: set[tuple[int, int]] = field(init=False, default_factory=set)
     """(N, K) shapes that came from the roofline fit, not a measurement (shown in every prediction)."""
 
@@ -348,12 +393,16 @@ class KernelModel:
                 "single-GPU tables only; FP8 predictions need the H200 FP8 tables"
             )
         self.dtype = key
-        # fitted once per table (a grid search over its rows), kept on the table
+        # fitted once per table and dtype (a grid search over its rows), kept on the table
         fits = self.table.__dict__.setdefault("_fits", {})
-        if "roofline" not in fits:
-            fits["roofline"] = fit_roofline(self.table)
+        if ("roofline", key) not in fits:
+            fits["roofline", key] = fit_roofline(self.table, key)
+        if "staging" not in fits:  # the one-rank fused-op rows are bf16 (no FP8 one-rank measurement)
             fits["staging"] = {side: fit_staging(self.table, side) for side in ("ag", "rs")}
-        self.roofline, self.staging = fits["roofline"], fits["staging"]
+        if ("roofline", "bfloat16") not in fits:
+            fits["roofline", "bfloat16"] = fit_roofline(self.table)
+        self.roofline, self.staging = fits["roofline", key], fits["staging"]
+        self.memory_gbps = fits["roofline", "bfloat16"].hbm_gbps  # norms and other bf16 passes
         self.measured_on = gpu(MEASURED_ON)
 
     @property
@@ -364,15 +413,18 @@ class KernelModel:
     def _scale(self, us: float, memory_share: float) -> float:
         """H200 time -> target time: each share scales with its own peak ratio."""
         hbm = self.measured_on.hbm_gbps / self.target.hbm_gbps
-        flops = self.measured_on.peak_tflops[self.dtype] / self.target.peak_tflops[self.dtype]
+        flops = self.measured_on.peak_tflops[peak_key(self.dtype)] / self.target.peak_tflops[peak_key(self.dtype)]
         return us * (memory_share * hbm + (1.0 - memory_share) * flops)
+
+    def _measured(self, n: int, k: int) -> bool:
+        return self.measured_shapes and self.table.has(n, k, "mm", self.dtype)
 
     def _share(self, m: int, n: int, k: int) -> float:
         return self.roofline.memory_share(m, n, k, self.bytes)
 
     def mm_us(self, m: int, n: int, k: int) -> float:
         """One ``[m, k] @ [k, n]`` matmul on the target."""
-        if self.table.has(n, k, "mm", self.dtype):
+        if self._measured(n, k):
             us = self.table.mm_us(m, n, k, self.dtype)
         else:
             self.estimated.add((n, k))
@@ -381,7 +433,7 @@ class KernelModel:
 
     def chunk_us(self, m: int, n: int, k: int, chunks: int) -> float:
         """One of ``chunks`` equal row chunks of an ``m``-row matmul (measured chunked rows where present)."""
-        if self.table.has(n, k, "mm", self.dtype):
+        if self._measured(n, k):
             total, _ = self.table.chunked_us(m, n, k, chunks, self.dtype)
             us = total / chunks
         else:
@@ -397,17 +449,17 @@ class KernelModel:
         reduction reads all ``tp`` chunks: as many bytes as the one-rank op at ``m`` rows).
         """
         rows = max(1, m // tp) if side == "ag" else m
-        ws1 = self.table.fused_ws1_us(rows, n, k, self.dtype)
+        ws1 = self.table.fused_ws1_us(rows, n, k, self.dtype) if self.measured_shapes else None
         if ws1 is not None:
             extra = max(0.0, ws1 - self.table.mm_us(rows, n, k, self.dtype))
-        else:
-            extra = self.staging[side].us(rows * (k if side == "ag" else n) * self.bytes)
+        else:  # staged bytes: FP8 inputs on the all_gather side, bf16 partial outputs on the reduce_scatter side
+            extra = self.staging[side].us(rows * (k * self.bytes if side == "ag" else n * 2))
         return self._scale(extra, 1.0)
 
     def elementwise_us(self, nbytes: float) -> float:
         """A memory-bound pass over ``nbytes`` (norms, residual adds) at the H200 memory rate the roofline fit to
         the measured matmuls found, scaled to the target."""
-        return self._scale(nbytes / (self.roofline.hbm_gbps * 1e3), 1.0)
+        return self._scale(nbytes / (self.memory_gbps * 1e3), 1.0)
 
     def attention_us(self, tokens: int, q_heads: int, head_dim: int) -> float:
         """Causal attention of one ``tokens``-long sequence with ``q_heads`` query heads on this rank.

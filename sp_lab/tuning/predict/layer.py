@@ -8,7 +8,8 @@ embeddings and the LM head are left out (the same in every variant):
 - ``sp+async_tp``: each matmul fused with its collective: its chunk pipeline
   (:func:`~sp_lab.tuning.predict.pipeline.run_pipeline`: fill, contention, drain) plus the fused op's own
   cost measured on one H200 (:meth:`~sp_lab.tuning.predict.kernels.KernelModel.fused_overhead_us`);
-- ``tuned``: as ``sp``, each matmul fused or not by a :class:`~sp_lab.rules.MatmulRule`.
+- ``tuned``: as ``sp``, each matmul fused or not by a :class:`~sp_lab.rules.MatmulRule`, or, with
+  ``rule="predicted"``, by the model itself (fused exactly where its fused time is the smaller).
 
 ``timing="graph"`` predicts device time (CUDA-graph replay: how sp_lab and vLLM serve); ``"eager"`` adds the
 host floor of each call measured on the H200 (an eager fused op costs ~0.2-0.33 ms of host time), for
@@ -18,7 +19,7 @@ comparisons with benchmarks that time eager calls. Every row says ``source="pred
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from sp_lab.rules import MatmulRule
     from sp_lab.tuning.microbench import ModelDescription
 
+PREDICTED_RULE = "predicted"
+"""``rule=`` value for the per-matmul rule the model implies: fuse a matmul where its fused time is smaller."""
 TIMINGS = ("graph", "eager")
 """How the predicted latency is timed: device time under CUDA graphs, or eager calls with their host cost."""
 
@@ -128,6 +131,32 @@ def predict_matmul(kernels: KernelModel, target: Target, shape: MatmulShape, tok
                             contention=kappa, host_us=hosts)
 
 
+def matmul_rows(shapes: Sequence[MatmulShape], token_counts: Iterable[int], tp: int, hidden_size: int,
+                target: Target | str = "h200", *, table: MatmulTable | None = None,
+                measured_shapes: bool = True) -> pl.DataFrame:
+    """Fused and unfused time of each TP matmul at each token count, one row per (matmul, tokens): the
+    per-matmul training-row layout a :class:`~sp_lab.rules.MatmulRule` is trained on.
+
+    Columns ``m, n, k, tp, name, side, unfused_us, fused_us, ratio, mm_us, comm_us, chunked_us (the chunk
+    matmuls at full speed), overhead_us, estimated (shape not measured: roofline), gpu, interconnect,
+    device_name, source="predicted"``; ``m`` is the token count asked for, times are at ``m`` padded to ``tp``.
+    ``measured_shapes=False`` times every shape from the forms fitted to the tables (see :class:`KernelModel`).
+    """
+    target = Target.of(target) if isinstance(target, str) else target
+    kernels = KernelModel(table or default_table(), target.gpu, target.dtype, measured_shapes=measured_shapes)
+    rows = []
+    for shape in shapes:
+        for t in sorted({int(x) for x in token_counts}):
+            p = predict_matmul(kernels, target, shape, t, tp, hidden_size)
+            rows.append({"m": t, "n": shape.n, "k": shape.k, "tp": tp, "name": shape.name, "side": shape.side,
+                         "unfused_us": p.unfused_us, "fused_us": p.fused_us, "ratio": p.fused_us / p.unfused_us,
+                         "mm_us": p.mm_us, "comm_us": p.comm_us, "chunked_us": p.pipeline.compute_us,
+                         "overhead_us": p.overhead_us, "estimated": (shape.n, shape.k) in kernels.estimated})
+    return pl.DataFrame(rows).with_columns(
+        gpu=pl.lit(target.gpu.name), interconnect=pl.lit(target.interconnect.name),
+        device_name=pl.lit(f"predicted: {tp}x {target.gpu.label}"), source=pl.lit(PREDICTED))
+
+
 def model_name(spec: ModelDescription) -> str:
     """A printable name for a preset, spec or config dict."""
     if isinstance(spec, str):
@@ -153,7 +182,7 @@ def predict_layers(
     target: Target | str = "h200",
     *,
     num_layers: int | None = None,
-    rule: MatmulRule | None = None,
+    rule: MatmulRule | str | None = None,
     table: MatmulTable | None = None,
     full_layer: bool = False,
 ) -> pl.DataFrame:
@@ -168,6 +197,8 @@ def predict_layers(
     interconnect, source="predicted", timing_method, estimated_shapes, note``.
     """
     target = Target.of(target) if isinstance(target, str) else target
+    if isinstance(rule, str) and rule != PREDICTED_RULE:
+        raise ValueError(f"rule must be a MatmulRule or {PREDICTED_RULE!r}, got {rule!r}")
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     kernels = KernelModel(table or default_table(), target.gpu, target.dtype)
@@ -190,7 +221,9 @@ def predict_layers(
         act = kernels.elementwise_us(t * 3 * dims["intermediate_size"] // tp * 2)
         attn = kernels.attention_us(t, q_heads, dims["head_dim"]) + act if full_layer else 0.0
         choices: dict[str, list[bool] | None] = {BASELINE: None, SP: [False] * 4, SP_ASYNC_TP: [True] * 4}
-        if rule is not None:
+        if rule == PREDICTED_RULE:
+            choices[TUNED] = [p.fused_us < p.unfused_us for p in pairs]
+        elif rule is not None:
             choices[TUNED] = [rule.decide(m, s.n, s.k, tp) == "fuse" for s in shapes]
         for variant, fuse in choices.items():
             if fuse is None:

@@ -1,7 +1,8 @@
 """The model beside measured rows of the same setup: where sp_lab has timed a whole model, the prediction
-error per token count.
+error per token count (:func:`compare_to_measured` for any sweep rows; :func:`tp1_comparison` for the shipped
+tp 1 H200 rows).
 
-The only such rows today are single-GPU (``sp_lab/data/h200/tp1_latency.json``: a 4-layer Llama-3-8B at
+The only such rows today are single-GPU (``data/h200/tp1_latency.json``: a 4-layer Llama-3-8B at
 tp 1 on the H200, compiled with full-and-piecewise CUDA graphs). At tp 1 every variant is the same program,
 so this checks the compute side of the model -- matmuls (most of these tp 1 shapes are roofline estimates:
 the bench measured tp 2-8 shards), attention, norms and activation -- plus the LM head, not the
@@ -11,13 +12,14 @@ communication or overlap side (no multi-GPU rows exist yet).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import polars as pl
 
 from sp_lab.resources import h200_file, load_preset
 from sp_lab.tuning.predict.kernels import KernelModel, default_table
 from sp_lab.tuning.predict.layer import Target, predict_layers
-from sp_lab.vocabulary import BASELINE
+from sp_lab.vocabulary import BASELINE, MEASURED, PREDICTED
 
 TP1_JSON = h200_file("tp1_latency.json")
 """4-layer Llama-3-8B, tp 1, bf16, on one H200 (several compile modes)."""
@@ -53,9 +55,33 @@ def tp1_markdown(table: pl.DataFrame) -> str:
     """The comparison as a markdown table."""
     r0 = table.row(0, named=True)
     lines = [(f"{r0['model']}, {r0['num_layers']} layers, tp 1, bf16, {r0['device_name']}: measured "
-             f"(`{r0['measured_variant']}`, `sp_lab/data/h200/tp1_latency.json`) vs predicted (attention, "
+             f"(`{r0['measured_variant']}`, `data/h200/tp1_latency.json`) vs predicted (attention, "
              "activation, norms and LM head included)"), "",
              "| tokens | measured ms | predicted ms | error |", "|---|---|---|---|"]
     lines += [f"| {r['num_tokens']} | {r['measured_ms']:.3f} | {r['predicted_ms']:.3f} | {100 * r['error']:+.0f}% |"
               for r in table.iter_rows(named=True)]
     return "\n".join(lines) + "\n"
+
+
+def compare_to_measured(predicted: pl.DataFrame, measured: pl.DataFrame,
+                        on: Sequence[str] = ("num_tokens", "variant", "tp")) -> pl.DataFrame:
+    """Prediction error per point where both exist: ``predicted_us, measured_us, error_us, rel_error``.
+
+    ``predicted`` must hold only ``source="predicted"`` rows and ``measured`` only ``"measured"`` ones;
+    measured rows whose fusion was expected but missing are dropped (they time another program).
+    """
+    for df, wants, label in ((predicted, PREDICTED, "predicted"), (measured, MEASURED, "measured")):
+        got = set(df["source"].unique()) if "source" in df.columns else {None}
+        if got != {wants}:
+            raise ValueError(f"{label} rows must all have source={wants!r}; got {sorted(map(str, got))}")
+    keys = [c for c in on if c in predicted.columns and c in measured.columns]
+    if "fusion_missing" in measured.columns:
+        measured = measured.filter(~pl.col("fusion_missing"))
+    m = measured.group_by(keys).agg(measured_us=pl.col("latency_us").median())
+    p = predicted.select(*keys, predicted_us=pl.col("latency_us"))
+    return (
+        p.join(m, on=keys, how="inner")
+        .with_columns(error_us=pl.col("predicted_us") - pl.col("measured_us"))
+        .with_columns(rel_error=pl.col("error_us") / pl.col("measured_us"))
+        .sort(keys)
+    )

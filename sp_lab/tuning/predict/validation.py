@@ -2,7 +2,7 @@
 
 ``python -m sp_lab predict --validate`` prints it (and ``--write docs/predictions.md`` regenerates the docs
 page). The figures, their sources and how each setup differs from what the model computes are data
-(``sp_lab/data/published_figures.json``); none of them calibrates the model, which is built only from the
+(``data/published_figures.json``); none of them calibrates the model, which is built only from the
 H200 tables and the datasheet / nccl-tests hardware constants.
 """
 
@@ -173,7 +173,7 @@ Per decoder layer and token count T (padded to a multiple of tp for the SP varia
 Ingredients, and where each comes from:
 
 - **Matmul and chunked-matmul times**: measured on one H200 at the shard shapes (bf16, CUDA-graph replay,
-  `sp_lab/data/h200/matmul_single_gpu.json`, `gemm_chunking_tp8.json`). Shapes not measured come from a
+  `data/h200/matmul_single_gpu.json`, `gemm_chunking_tp8.json`). Shapes not measured come from a
   roofline fitted to those rows (floor + max(FLOPs / peak, bytes / bandwidth)), and are flagged.
 - **The fused op's own cost**: PyTorch's symmetric-memory fused ops timed on a one-rank group on the H200 (no
   peer, so no communication): fused minus plain matmul. The all_gather side stages the local `[T / tp, K]`
@@ -184,7 +184,7 @@ Ingredients, and where each comes from:
 - **Attention** (whole-layer predictions): `sp_lab::attention` on the H200 (`attention.json`, 32 heads of 128),
   in proportion to each rank's heads.
 - **Other GPUs**: each H200 time split into its memory-bound and compute-bound share (from the roofline fit)
-  and scaled by the datasheet HBM-bandwidth and matmul-peak ratios (`sp_lab/data/hardware.json`).
+  and scaled by the datasheet HBM-bandwidth and matmul-peak ratios (`data/hardware.json`).
 - **Communication**: alpha-beta per interconnect, `alpha + f * bytes / busbw` with nccl-tests' bus-bandwidth
   factors (2(tp-1)/tp for all_reduce, (tp-1)/tp for reduce_scatter and all_gather); a copy-engine transfer
   costs `copy_alpha + bytes / copy_bw`. NVLink 4 (H100, H200): 450 GB/s per direction (datasheets), busbw and
@@ -222,10 +222,11 @@ _PAGE_TAIL = """
 
 - The model is built from PyTorch's symmetric-memory fused ops as they run today (torch 2.11, H200). Their
   tp-chunked matmuls re-read the weights once per chunk, which at small token counts costs several times a
-  single matmul (measured, `docs/measured-h200.md`), and each fused op carries a measured cost of its own.
-  Figures from other fused kernels (Triton-distributed, or kernels without per-chunk launches) are predicted
-  pessimistically, and older PyTorch releases (the kraken table, mid-2025) had larger fixed costs than the
-  one-rank measurement shows.
+  single matmul (measured, [measured-h200.md](measured-h200.md)), and each fused op carries a measured cost of
+  its own. Figures from other fused kernels (Triton-distributed, or kernels without per-chunk launches) are
+  predicted pessimistically. The kraken table (PyTorch of mid-2025) shows the opposite: a fused time nearly flat
+  at ~0.6-0.75 ms over M = 512-2048, a fixed cost the one-rank measurement on torch 2.11 does not show, so there
+  the model is less pessimistic than the published figure.
 - Benchmark method matters most at small token counts: eager calls pay ~0.2-0.33 ms of host time per fused op,
   so a published ratio there depends on the benchmark's own per-call overhead; the added time per call is the
   comparable quantity.

@@ -1,4 +1,5 @@
-"""Numerics of the multi-rank GPU path, rehearsed with N ranks on one GPU.
+"""Numerics of the multi-rank GPU path, rehearsed with N ranks on one GPU (compile and measure; making the ranks
+share the GPU is :mod:`sp_lab.distributed.collectives`' part).
 
 :func:`rehearse_numerics` compiles a model at ``tp_size`` ranks that all share one GPU (a gloo group in
 rehearsal mode, :func:`sp_lab.distributed.collectives.rehearse_on_one_gpu`), once per boundary strategy,
@@ -157,14 +158,16 @@ def _rank(model_name: str, reference: dict[str, dict[int, torch.Tensor]], build_
     """One rehearsal rank: build the shard, eager error, then compile and check each boundary strategy."""
     import torch.distributed as dist
 
-    import sp_lab
     from sp_lab.compiler.backend import BoundaryError
+    from sp_lab.compiler.backend import compile as compile_model
+    from sp_lab.config import LabConfig
     from sp_lab.distributed.collectives import rehearse_on_one_gpu
+    from sp_lab.models import build
 
     device = rehearse_on_one_gpu()
     rank, world = dist.get_rank(), dist.get_world_size()
     tokens = sorted(reference["ids"])
-    model = sp_lab.models.build(model_name, tp_rank=rank, tp_size=world, device=device, **build_args)
+    model = build(model_name, tp_rank=rank, tp_size=world, device=device, **build_args)
     dtype = str(build_args["dtype"]).removeprefix("torch.")
 
     def error(logits: torch.Tensor, t: int) -> float:
@@ -174,9 +177,9 @@ def _rank(model_name: str, reference: dict[str, dict[int, torch.Tensor]], build_
         eager = {t: error(model(reference["ids"][t].to(device)), t) for t in tokens}
     rows = []
     for boundary in boundaries:
-        config = sp_lab.LabConfig(tp_size=world, boundary=boundary, async_tp_min_tokens=async_tp_min_tokens,
+        config = LabConfig(tp_size=world, boundary=boundary, async_tp_min_tokens=async_tp_min_tokens,
                                   max_num_tokens=max(tokens[-1], async_tp_min_tokens))
-        compiled = sp_lab.compile(model, config)
+        compiled = compile_model(model, config)
         for t in tokens:
             failure, err = "", None
             try:

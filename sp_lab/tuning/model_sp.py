@@ -1,0 +1,212 @@
+"""Model-level SP thresholds: tokens per rank from which fusing a matmul with its collective pays.
+
+For code that does SP itself instead of a compiler pass: vLLM 0.32 on (whose models call
+``is_sequence_parallel_active(enabled, num_tokens, min_tokens)`` and fuse all-gather + matmul from a
+hard-coded 1024 rows per rank in ``vllm/models/common/ops/sequence_parallel.py``), SGLang, TensorRT-LLM or a
+model author's own layers. Per matmul shape ``(K, N, dtype)`` at the tp measured:
+
+- ``min_tokens_per_rank``: the shard rows (tokens / tp) from which the fused all-gather + matmul (``ag``) or
+  matmul + reduce-scatter (``rs``) was faster than collective + matmul at every larger measured count, from
+  per-matmul rows (:func:`sp_lab.tuning.microbench.measure_matmuls`); ``None`` where it never paid;
+- else, where the tuned config carries a per-matmul rule (``LabConfig.heuristic``), the shard rows from which
+  the rule says "fuse" at every larger power-of-two token count up to ``max_num_tokens``, and not below the
+  layer's SP gate (fusion only happens where SP runs);
+- else the layer sweep's threshold (SP + AsyncTP from ``T`` tokens) per rank, ``ceil(T / tp)``, for every matmul
+  of the model (``basis: "layer sweep"``);
+- ``sp_min_tokens_per_rank``: from which SP pays per layer (the tuned config's SP threshold per rank).
+
+:meth:`ModelSpTable.function_source` writes it as a dependency-free Python function
+``min_tokens_per_rank(k, n, dtype, tp)`` to paste into model code, with the provenance in its docstring;
+:attr:`ModelSpTable.regret` says what using it costs on the rows it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from sp_lab.tuning.regret import regret_table, summarize
+
+if TYPE_CHECKING:
+    from sp_lab.config import LabConfig
+
+__all__ = ["MatmulThreshold", "ModelSpTable", "crossover_per_rank", "model_sp_table"]
+
+PER_MATMUL = "per-matmul rows"
+RULE = "per-matmul rule"
+LAYER_SWEEP = "layer sweep"
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulThreshold:
+    """One matmul shape's gate: fused from ``min_tokens_per_rank`` shard rows on (``None``: never pays)."""
+
+    name: str
+    """``qkv``, ``o_proj``, ``gate_up``, ``down`` (or the rows' name)."""
+    side: str
+    """``"ag"``: all-gather + matmul; ``"rs"``: matmul + reduce-scatter."""
+    k: int
+    n: int
+    dtype: str
+    tp: int
+    min_tokens_per_rank: int | None
+    basis: str
+    """:data:`PER_MATMUL` or :data:`LAYER_SWEEP`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpTable:
+    """Per-matmul fusion gates and the per-layer SP gate, with where they come from and what they cost."""
+
+    matmuls: tuple[MatmulThreshold, ...]
+    sp_min_tokens_per_rank: int | None
+    """Tokens per rank from which SP (+ AsyncTP) pays per layer; ``None``: it never did on the rows."""
+    provenance: dict[str, Any]
+    """Device, torch, source, tp, model, dtype, the rows' hash, and per-matmul rows' device where used."""
+    regret: dict[str, Any]
+    """``layer``: the layer gate's regret on the sweep rows (the config's ranges, every matmul fused; ``worst``,
+    ``total``); ``per_matmul``: the relative regret of the gates on the per-matmul rows against the faster choice
+    per row (``None`` without such rows)."""
+
+    def _by_key(self) -> dict[tuple[int, int, str, int], tuple[int | None, str]]:
+        """One gate per ``(k, n, dtype, tp)``: matmuls of one shape on both sides (qkv and down of a square
+        layer) fuse only where both paid, so the larger gate (``None``: never) wins."""
+        out: dict[tuple[int, int, str, int], tuple[int | None, str]] = {}
+        for m in self.matmuls:
+            key, name = (m.k, m.n, m.dtype, m.tp), f"{m.name} ({m.side}), {m.basis}"
+            if key in out:
+                gate, names = out[key]
+                both = None if gate is None or m.min_tokens_per_rank is None else max(gate, m.min_tokens_per_rank)
+                out[key] = (both, f"{names}; {name}")
+            else:
+                out[key] = (m.min_tokens_per_rank, name)
+        return out
+
+    def lookup(self, k: int, n: int, dtype: str, tp: int) -> int | None:
+        """The table's answer for one shape (what the generated function returns)."""
+        return self._by_key().get((k, n, dtype, tp), (None, ""))[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"matmuls": [dataclasses.asdict(m) for m in self.matmuls],
+                "sp_min_tokens_per_rank": self.sp_min_tokens_per_rank,
+                "regret": self.regret, "provenance": self.provenance}
+
+    def function_source(self) -> str:
+        """``min_tokens_per_rank(k, n, dtype, tp)`` as Python source with no imports, to paste into model code."""
+        p = self.provenance
+        entries = "\n".join(f"        {key!r}: {gate!r},  # {names}" for key, (gate, names) in self._by_key().items())
+        per_matmul = self.regret.get("per_matmul")
+        cost = "" if per_matmul is None else f" Regret on the per-matmul rows: {100 * per_matmul:.2f}%."
+        layer = self.regret.get("layer") or {}
+        return f'''def min_tokens_per_rank(k, n, dtype, tp):
+    """Tokens per rank (shard rows) from which fusing this matmul with its all-gather / reduce-scatter pays.
+
+    None: it never paid where measured, or the shape was not measured (keep the collective and the matmul
+    apart). From sp_lab's {p.get("source")} rows on {p.get("device")} (torch {p.get("torch")}, model
+    {p.get("model")}, tp {p.get("tp")}, rows {p.get("data_hash")}). SP itself paid per layer from
+    SP_MIN_TOKENS_PER_RANK tokens per rank (worst regret {100 * layer.get("worst", 0.0):.1f}%, total
+    {100 * layer.get("total", 0.0):.1f}% on the sweep rows).{cost}
+    """
+    table = {{
+{entries}
+    }}
+    return table.get((k, n, str(dtype).replace("torch.", ""), tp))
+
+
+SP_MIN_TOKENS_PER_RANK = {self.sp_min_tokens_per_rank!r}
+'''
+
+
+def crossover_per_rank(rows: pl.DataFrame) -> int | None:
+    """Shard rows from which the fused form was faster at every larger measured count (one shape's rows).
+
+    ``rows``: ``m`` (tokens), ``tp``, ``fused_us``, ``unfused_us`` (``m_padded`` when present). ``None`` when the
+    fused form lost at the largest count measured.
+    """
+    rows = rows.filter(pl.col("fused_us").is_not_null() & pl.col("unfused_us").is_not_null())
+    m_col = "m_padded" if "m_padded" in rows.columns else "m"
+    ordered = rows.with_columns(per_rank=(pl.col(m_col) / pl.col("tp")).ceil().cast(pl.Int64)).sort("per_rank")
+    start = None
+    for per_rank, fused, unfused in ordered.select("per_rank", "fused_us", "unfused_us").iter_rows():
+        if fused < unfused:
+            start = per_rank if start is None else start
+        else:
+            start = None
+    return start
+
+
+def _per_matmul(matmul_rows: pl.DataFrame) -> tuple[list[MatmulThreshold], float]:
+    keys = ("name", "side", "k", "n", "dtype", "tp")
+    gates, chosen, oracle = [], 0.0, 0.0
+    for key, group in matmul_rows.group_by(keys, maintain_order=True):
+        gate = crossover_per_rank(group)
+        gates.append(MatmulThreshold(*key, min_tokens_per_rank=gate, basis=PER_MATMUL))
+        m_col = "m_padded" if "m_padded" in group.columns else "m"
+        for m, tp, fused, unfused in group.select(m_col, "tp", "fused_us", "unfused_us").iter_rows():
+            if fused is None or unfused is None:
+                continue
+            use_fused = gate is not None and math.ceil(m / tp) >= gate
+            chosen += fused if use_fused else unfused
+            oracle += min(fused, unfused)
+    return gates, (chosen - oracle) / oracle if oracle else 0.0
+
+
+def _rule_gate(config: LabConfig, shape: Any, tp: int, sp_per_rank: int) -> int | None:
+    """Shard rows from which ``config.heuristic`` fuses ``shape`` at every larger power-of-two token count."""
+    start = None
+    counts = [2**i for i in range(config.max_num_tokens.bit_length()) if 2**i <= config.max_num_tokens]
+    for m in counts:
+        choice = config.heuristic.decide(m, shape.n, shape.k, tp)
+        fuse = (config.heuristic_default if choice == "unsure" else choice) == "fuse"
+        per_rank = math.ceil(m / tp)
+        start = (per_rank if start is None else start) if fuse else None
+    return None if start is None else max(start, sp_per_rank)
+
+
+def _model_shapes(model: str, tp: int) -> list[Any]:
+    """The four fusable matmul shapes of ``model`` (a preset, ``toy`` or a checkpoint) at ``tp``, or [] if unknown."""
+    from sp_lab.models.registry import resolve_config
+    from sp_lab.tuning.microbench import tp_matmul_shapes
+
+    try:
+        return tp_matmul_shapes(resolve_config(model), tp)
+    except (ValueError, OSError, TypeError, KeyError):
+        return []
+
+
+def model_sp_table(rows: pl.DataFrame, config: LabConfig, *, matmul_rows: pl.DataFrame | None = None,
+                   data_hash: str | None = None) -> ModelSpTable:
+    """The model-level table for the setup of sweep ``rows`` tuned to ``config``.
+
+    ``rows``: sweep rows of one setup (the tuned config's regret is computed on them); ``matmul_rows``: per-matmul
+    rows (``measure_matmuls``) for per-shape gates; without them every matmul of the model gets the layer's gate.
+    """
+    if rows.height == 0:
+        raise ValueError("no sweep rows: run a sweep first (python -m sp_lab run)")
+    row = rows.row(0, named=True)
+    tp = int(row["tp"])
+    sp_per_rank = math.ceil(config.sp_start / tp) if config.enable_sp and tp > 1 else None
+    # the layer gate's regret: the config's ranges with every matmul fused (a per-matmul rule's own program is
+    # timed only by rows of the tuned config, which a layer sweep may not have)
+    total, worst = summarize(regret_table(rows, dataclasses.replace(config, heuristic=None), warn=False))
+    regret: dict[str, Any] = {"layer": {"worst": worst, "total": total}, "per_matmul": None}
+    prov: dict[str, Any] = {"device": row.get("device_name"), "torch": row.get("torch_version"),
+                            "source": row.get("source"), "backend": row.get("backend"), "model": row.get("model"),
+                            "tp": tp, "dtype": row.get("dtype"), "data_hash": data_hash}
+    if matmul_rows is not None and matmul_rows.height:
+        gates, per_matmul = _per_matmul(matmul_rows)
+        regret["per_matmul"] = per_matmul
+        first = matmul_rows.row(0, named=True)
+        prov["matmul_rows"] = {"device": first.get("device"), "torch": first.get("torch"),
+                               "source": first.get("source"), "rows": matmul_rows.height}
+    else:
+        dtype, shapes = str(row.get("dtype")), _model_shapes(str(row["model"]), tp)
+        if config.heuristic is not None and sp_per_rank is not None and config.enable_async_tp:
+            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, _rule_gate(config, s, tp, sp_per_rank), RULE)
+                     for s in shapes]
+        else:
+            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, sp_per_rank, LAYER_SWEEP) for s in shapes]
+    return ModelSpTable(tuple(gates), sp_per_rank, prov, regret)

@@ -1,0 +1,265 @@
+"""FP8 models (``build(..., quant=...)``, compressed-tensors checkpoints) through SP and AsyncTP.
+
+In process: every preset builds in FP8 (meta), the eager FP8 toy stays near its bf16 self, a tiny FP8
+checkpoint written here with safetensors loads as written, bad quantization configs are refused.
+One ``sp_lab.launch`` of 2 gloo ranks (module fixture) serves every numeric claim: the CPU fused scaled ops
+against all_gather / reduce_scatter + ``_scaled_mm``, the compiled FP8 toy (rowwise under each working boundary
+strategy, tensorwise under ``sharded``) and a plain-PyTorch FP8 stack against their eager selves, and the
+checkpoint at tp 2 against tp 1.
+
+Tolerance of compiled against eager: :data:`FP8_TOL` of the largest logit. e4m3 keeps 3 mantissa bits, so two
+neighbouring FP8 values are 2^-3 = 12.5 % apart and rounding moves a value by up to 6.25 %. The compiled program
+computes the bf16 activations in another order (Inductor's fused kernels, reduce_scatter instead of all_reduce),
+so an activation one bf16 ulp away can round to the neighbouring FP8 value; a few such flips per row move a
+logit by a few percent (measured: 3-4 %). Wrong scales, rows or chunks move it by O(100 %).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from tp_models import Fp8Stack
+
+import sp_lab
+import sp_lab.compiler.fused_ops
+from sp_lab.models.fp8 import FP8_DTYPE, quant_from_hf
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+
+TP = 2
+FP8_TOL = 1 / 8  # one FP8 step of the largest logit (module docstring)
+COUNTS = (12, 13)  # even, and odd (padded to a multiple of tp): both in the SP range, one compile
+BOUNDARIES = ("gather_erase", "gather", "sharded")  # "none" fails by design (test_compiler_backend)
+HF_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+              "mlp.up_proj", "mlp.down_proj")
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n))
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+# -- a tiny compressed-tensors FP8 checkpoint, quantised here (not by sp_lab) -----------------------------------
+
+
+def write_fp8_checkpoint(path: Path, granularity: str) -> Path:
+    """The toy's random bf16 weights as a compressed-tensors "float-quantized" checkpoint: per linear ``weight``
+    float8_e4m3fn, ``weight_scale`` ``[out, 1]`` (channel) or ``[1]`` (tensor) and, tensor, ``input_scale``."""
+    from safetensors.torch import save_file
+
+    model = sp_lab.models.build("toy", dtype=torch.bfloat16)
+    hf = {"model.embed_tokens.weight": model.model.embed_tokens.weight, "model.norm.weight": model.model.norm.weight,
+          "lm_head.weight": model.lm_head.weight}
+    cfg = model.config
+    q, kv = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        full = dict(zip(HF_LINEARS, [*attn.qkv_proj.weight.split([q, kv, kv]), attn.o_proj.weight,
+                                     *mlp.gate_up_proj.weight.chunk(2), mlp.down_proj.weight]))
+        for name, w in full.items():
+            w = w.float() * (1.5 if name.endswith("k_proj") else 1.0)  # unequal part scales: requantised on load
+            amax = w.abs().amax(-1, keepdim=True) if granularity == "channel" else w.abs().amax().reshape(1)
+            scale = amax / 448.0
+            prefix = f"model.layers.{i}.{name}"
+            hf[f"{prefix}.weight"] = (w / scale).to(FP8_DTYPE)
+            hf[f"{prefix}.weight_scale"] = scale
+            if granularity == "tensor":
+                hf[f"{prefix}.input_scale"] = torch.tensor([8.0 / 448.0])
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            hf[f"model.layers.{i}.{norm}.weight"] = getattr(layer, norm).weight
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(path / "model.safetensors"))
+    scheme = {"weights": {"num_bits": 8, "type": "float", "strategy": granularity, "symmetric": True},
+              "input_activations": {"num_bits": 8, "type": "float", "strategy": "token" if granularity == "channel"
+                                    else "tensor", "dynamic": granularity == "channel"}, "targets": ["Linear"]}
+    config = {"model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+              "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+              "num_key_value_heads": cfg.num_kv_heads, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
+              "quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                      "config_groups": {"group_0": scheme}, "ignore": ["lm_head"]}}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+# -- the one gloo launch ---------------------------------------------------------------------------------------
+
+
+def _fused_scaled_ops(rank: int, group_name: str) -> dict[str, float]:
+    """max |fused - unfused| / max |unfused| of both CPU fused scaled ops, rowwise and tensorwise."""
+    from sp_lab.distributed.collectives import all_gather_single, reduce_scatter_single
+
+    out = {}
+    g = torch.Generator().manual_seed(100 + rank)
+    b = torch.randn(24, 16, generator=torch.Generator().manual_seed(7)).to(FP8_DTYPE).t().contiguous().t()
+    for kind in ("rowwise", "tensorwise"):
+        b_scale = torch.rand(1, 16, generator=torch.Generator().manual_seed(8)) + 0.5
+        b_scale = b_scale if kind == "rowwise" else torch.tensor(0.7)
+        for rows in (1, 5):
+            a = torch.randn(rows, 24, generator=g).to(FP8_DTYPE)
+            a_scale = torch.rand(rows, 1, generator=g) + 0.5 if kind == "rowwise" else torch.tensor(1.3)
+            gathered = torch.empty(TP * rows, 24, dtype=torch.uint8)
+            all_gather_single(gathered, a.view(torch.uint8))
+            scales = a_scale
+            if kind == "rowwise":
+                scales = torch.empty(TP * rows, 1)
+                all_gather_single(scales, a_scale)
+            want = torch._scaled_mm(gathered.view(FP8_DTYPE), b, scales, b_scale, out_dtype=torch.bfloat16)
+            got = torch.ops.sp_lab.fused_all_gather_scaled_matmul(a, b, a_scale, b_scale, None, torch.bfloat16,
+                                                                  group_name, TP)
+            out[f"ag/{kind}/{rows}"] = _rel_err(got, want)
+            a_full = torch.randn(TP * rows, 24, generator=g).to(FP8_DTYPE)
+            full_scale = torch.rand(TP * rows, 1, generator=g) + 0.5 if kind == "rowwise" else a_scale
+            partial = torch._scaled_mm(a_full, b, full_scale, b_scale, out_dtype=torch.bfloat16)
+            want = torch.empty(rows, 16, dtype=torch.bfloat16)
+            reduce_scatter_single(want, partial)
+            got = torch.ops.sp_lab.fused_scaled_matmul_reduce_scatter(a_full, b, full_scale, b_scale, torch.bfloat16,
+                                                                      group_name, TP)
+            out[f"rs/{kind}/{rows}"] = _rel_err(got, want)
+    return out
+
+
+def _compiled_vs_eager(model: torch.nn.Module, config: sp_lab.LabConfig, inputs: dict[int, torch.Tensor]) -> dict:
+    torch._dynamo.reset()
+    compiled = sp_lab.compile(model, config)
+    with torch.no_grad():
+        errs = {n: _rel_err(compiled(x), model(x)) for n, x in inputs.items()}
+    report = compiled.report
+    n = next(iter(inputs))
+    nodes = [node for piece in report.range_for(n).pieces if piece.graph_after for node in piece.graph_after.nodes]
+    return {"errs": errs, "op_counts": dict(report.op_counts(n)), "node_dtypes": sorted({nd.dtype for nd in nodes
+                                                                                          if nd.dtype}),
+            "decisions": [d.dtype for piece in report.range_for(n).pieces for d in piece.async_tp_decisions]}
+
+
+def _worker(checkpoints: dict[str, str]) -> dict[str, Any]:
+    rank = dist.get_rank()
+    results: dict[str, Any] = {"fused_ops": _fused_scaled_ops(rank, dist.group.WORLD.group_name)}
+    config = {"tp_size": TP, "async_tp_min_tokens": 8, "max_num_tokens": 64}
+    for quant, boundaries in (("fp8-rowwise", BOUNDARIES), ("fp8-tensorwise", ("sharded",))):
+        model = sp_lab.models.build("toy", tp_rank=rank, tp_size=TP, dtype=torch.bfloat16, quant=quant)
+        for boundary in boundaries:
+            results[f"{quant}/{boundary}"] = _compiled_vs_eager(
+                model, sp_lab.LabConfig(**config, boundary=boundary), {n: _ids(n) for n in COUNTS})
+    stack = Fp8Stack(tp=TP, rank=rank)
+    x = {n: torch.randn(n, 32, generator=torch.Generator().manual_seed(n)).bfloat16() for n in COUNTS}
+    results["stack"] = _compiled_vs_eager(stack, sp_lab.LabConfig(**config, compile_mode="full_graph"), x)
+    with torch.no_grad():
+        results["checkpoints"] = {g: sp_lab.models.build(p, tp_rank=rank, tp_size=TP, dtype=torch.bfloat16)(_ids(13))
+                                  for g, p in checkpoints.items()}
+    return results
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fp8_checkpoints")
+    return {g: write_fp8_checkpoint(root / g, g) for g in ("channel", "tensor")}
+
+
+@pytest.fixture(scope="module")
+def ranks(checkpoints) -> list[dict[str, Any]]:
+    return sp_lab.launch(_worker, {g: str(p) for g, p in checkpoints.items()}, world_size=TP, timeout=900.0)
+
+
+# -- in process ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quant", ["fp8", "fp8-tensorwise"])
+@pytest.mark.parametrize("preset", sp_lab.models.available())
+def test_every_preset_builds_in_fp8(preset, quant):
+    model = sp_lab.models.build(preset, num_layers=1, device="meta", dtype=torch.bfloat16, quant=quant)
+    layer = model.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert linear.weight.dtype == FP8_DTYPE
+        rows = linear.weight.shape[0]
+        assert linear.weight_scale.shape == ((rows, 1) if quant == "fp8" else ())
+        assert (linear.input_scale is None) == (quant == "fp8")
+    assert model.lm_head.weight.dtype == torch.bfloat16  # embedding and LM head stay in the model dtype
+    assert model.spec.quant == ("fp8-rowwise" if quant == "fp8" else "fp8-tensorwise")
+
+
+@pytest.mark.parametrize("quant", ["fp8", "fp8-tensorwise"])
+def test_eager_fp8_toy_stays_near_its_high_precision_self(quant):
+    ids = _ids(13)
+    with torch.no_grad():
+        want = sp_lab.models.build("toy", dtype=torch.float32)(ids)
+        got = sp_lab.models.build("toy", dtype=torch.bfloat16, quant=quant)(ids)
+    assert got.dtype == torch.bfloat16
+    # Weights and activations each rounded to FP8 once per matmul (up to 6.25 % each), 8 matmuls deep.
+    assert _rel_err(got, want) < 0.1
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_fp8_checkpoint_loads_as_written(checkpoints, granularity):
+    from safetensors import safe_open
+
+    model = sp_lab.models.build(checkpoints[granularity], dtype=torch.bfloat16)
+    assert model.spec.quant == ("fp8-rowwise" if granularity == "channel" else "fp8-tensorwise")
+    with safe_open(str(checkpoints[granularity] / "model.safetensors"), "pt") as f:
+        def dequant(name):
+            return f.get_tensor(f"model.layers.0.{name}.weight").float() * f.get_tensor(
+                f"model.layers.0.{name}.weight_scale").float().reshape(-1, 1)
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        want = torch.cat([dequant(n) for n in HF_LINEARS[:3]])
+        got = qkv.weight.float() * qkv.weight_scale.float().reshape(-1, 1)
+        if granularity == "channel":  # bytes and scales as stored
+            assert torch.equal(got, want)
+        else:  # q|k|v requantised with the largest of their scales: within one FP8 step of each weight
+            assert qkv.weight_scale.dim() == 0 and qkv.input_scale.dim() == 0
+            assert ((got - want).abs() <= want.abs() / 8 + 1e-6).all()
+    with torch.no_grad():
+        logits = model(_ids(13))
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(("qc", "message"), [
+    ({"quant_method": "gptq"}, "quant_method='gptq' is not supported"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"strategy": "block"},
+                                                                   "input_activations": {"dynamic": True}}}},
+     "strategy 'block'"),
+])
+def test_unsupported_quantization_configs_are_refused_by_name(qc, message):
+    with pytest.raises(ValueError, match=message):
+        quant_from_hf({"quantization_config": qc})
+
+
+def test_unknown_quant_is_refused_by_name():
+    with pytest.raises(ValueError, match="quant='int4' is not supported; use None"):
+        sp_lab.models.build("toy", quant="int4")
+
+
+# -- 2 gloo ranks ----------------------------------------------------------------------------------------------
+
+
+def test_cpu_fused_scaled_ops_equal_collective_then_scaled_mm(ranks):
+    for result in ranks:
+        # Same rows, same scales, same kernel per chunk: only the bf16 sum of the reduce may round differently.
+        assert all(err <= 2**-7 for err in result["fused_ops"].values()), result["fused_ops"]
+
+
+@pytest.mark.parametrize("case", [*(f"fp8-rowwise/{b}" for b in BOUNDARIES), "fp8-tensorwise/sharded", "stack"])
+def test_compiled_fp8_model_matches_eager_with_every_scaled_matmul_fused(ranks, case):
+    for result in ranks:
+        got = result[case]
+        assert all(err < FP8_TOL for err in got["errs"].values()), got["errs"]
+        counts = got["op_counts"]
+        assert counts["all_reduce"] == 0 and counts["mm"] == (1 if case == "stack" else 0), counts
+        assert counts["fused_all_gather_matmul"] + counts["fused_matmul_reduce_scatter"] > 0, counts
+        assert "float8_e4m3fn" in got["decisions"] and "float8_e4m3fn" in got["node_dtypes"]
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_fp8_checkpoint_at_tp2_matches_tp1(ranks, checkpoints, granularity):
+    with torch.no_grad():
+        want = sp_lab.models.build(checkpoints[granularity], dtype=torch.bfloat16)(_ids(13))
+    for result in ranks:
+        # tp 2 sums two bf16 partial products where tp 1 sums in one matmul: bf16 rounding, then FP8 flips.
+        assert _rel_err(result["checkpoints"][granularity], want) < FP8_TOL

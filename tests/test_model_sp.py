@@ -1,0 +1,107 @@
+"""Model-level SP gates: tokens per rank from which a fused matmul pays, and the pasteable function."""
+
+import polars as pl
+import pytest
+
+from sp_lab.config import LabConfig
+from sp_lab.rules import MatmulRule
+from sp_lab.tuning.export import describe_file, export_config, function_path
+from sp_lab.tuning.model_sp import LAYER_SWEEP, PER_MATMUL, RULE, crossover_per_rank, model_sp_table
+
+
+def _matmul_rows():
+    """Hand-written per-matmul timings at tp 4: qkv's fused form wins from 512 tokens (128 per rank) on, with a
+    lucky win at 64 tokens below it; down's never wins; o_proj's from 128 tokens (32 per rank)."""
+    fused_wins = {"qkv": {64, 512, 2048}, "o_proj": {128, 512, 2048}, "down": set()}
+    shapes = {"qkv": ("ag", 8192, 2560), "o_proj": ("rs", 2048, 8192), "down": ("rs", 7168, 8192)}
+    rows = []
+    for name, (side, k, n) in shapes.items():
+        for m in (16, 64, 128, 512, 2048):
+            unfused = 100.0 + m
+            rows.append({"name": name, "side": side, "k": k, "n": n, "dtype": "bfloat16", "tp": 4, "m": m,
+                         "m_padded": m, "unfused_us": unfused,
+                         "fused_us": unfused * (0.8 if m in fused_wins[name] else 1.3),
+                         "device": "NVIDIA H200", "torch": "2.11.0", "source": "measured"})
+    return pl.DataFrame(rows)
+
+
+def _sweep_rows(threshold=256, source="measured"):
+    """A layer sweep at tp 4 where sp+async_tp is fastest from ``threshold`` tokens on."""
+    rows = []
+    for t in (16, 64, 256, 1024):
+        for variant, base in (("baseline", 100.0), ("sp", 105.0), ("sp+async_tp", 110.0)):
+            faster = variant == "sp+async_tp" and t >= threshold
+            rows.append({"num_tokens": t, "variant": variant, "latency_us": 80.0 if faster else base,
+                         "source": source, "tp": 4, "model": "llama-3-70b", "dtype": "bfloat16", "hidden_size": 8192,
+                         "num_layers": 80,
+                         "device_name": "NVIDIA H200", "torch_version": "2.11.0", "backend": "nccl"})
+    return pl.DataFrame(rows)
+
+
+def test_crossover_is_where_fusion_keeps_paying():
+    rows = _matmul_rows()
+    assert crossover_per_rank(rows.filter(pl.col("name") == "qkv")) == 128  # the win at 64 tokens is not a start
+    assert crossover_per_rank(rows.filter(pl.col("name") == "o_proj")) == 32
+    assert crossover_per_rank(rows.filter(pl.col("name") == "down")) is None
+
+
+def test_table_function_and_regret_from_per_matmul_rows():
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
+    table = model_sp_table(_sweep_rows(), config, matmul_rows=_matmul_rows(), data_hash="h")
+    assert [(m.name, m.min_tokens_per_rank, m.basis) for m in table.matmuls] == [
+        ("qkv", 128, PER_MATMUL), ("o_proj", 32, PER_MATMUL), ("down", None, PER_MATMUL)]
+    assert table.sp_min_tokens_per_rank == 64  # SP + AsyncTP from 256 tokens at tp 4
+    # the only regret on the rows is qkv's lucky win at 64 tokens, which the gate leaves unfused:
+    # (164 - 0.8 * 164) over the sum of the faster choice per row
+    oracle = sum(min(f, u) for f, u in _matmul_rows().select("fused_us", "unfused_us").iter_rows())
+    assert table.regret["per_matmul"] == pytest.approx(0.2 * 164 / oracle)
+    assert table.regret["layer"] == {"worst": 0.0, "total": 0.0}
+    namespace: dict = {}
+    exec(table.function_source(), namespace)  # noqa: S102  (the generated function, run as pasted: no imports)
+    fn = namespace["min_tokens_per_rank"]
+    assert fn(8192, 2560, "bfloat16", 4) == 128 and fn(2048, 8192, "torch.bfloat16", 4) == 32
+    assert fn(7168, 8192, "bfloat16", 4) is None and fn(8192, 2560, "bfloat16", 8) is None  # other tp: unmeasured
+    assert namespace["SP_MIN_TOKENS_PER_RANK"] == 64
+    assert "NVIDIA H200" in fn.__doc__ and "torch 2.11.0" in fn.__doc__
+
+
+def test_without_per_matmul_rows_every_matmul_takes_the_layers_gate():
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
+    table = model_sp_table(_sweep_rows(), config)
+    # llama-3-70b at tp 4: qkv [8192 -> 2560], o_proj [2048 -> 8192], gate_up [8192 -> 14336], down [7168 -> 8192]
+    assert [(m.name, m.k, m.n) for m in table.matmuls] == [
+        ("qkv", 8192, 2560), ("o_proj", 2048, 8192), ("gate_up", 8192, 14336), ("down", 7168, 8192)]
+    assert {(m.min_tokens_per_rank, m.basis) for m in table.matmuls} == {(64, LAYER_SWEEP)}
+    assert table.regret["per_matmul"] is None
+    never = model_sp_table(_sweep_rows(), LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False))
+    assert never.sp_min_tokens_per_rank is None and never.regret["layer"]["worst"] == pytest.approx(0.25)  # (100 - 80) / 80
+
+
+def test_a_per_matmul_rule_gives_each_shape_its_own_gate():
+    # fuse above 1024 total tokens where the output is wide (N > 4096), never where it is narrow
+    rule = MatmulRule.from_dict({
+        "feature": "n", "threshold": 4096, "left": {"choice": "no_fuse", "confidence": 0.9, "samples": 5},
+        "right": {"feature": "m", "threshold": 1024, "left": {"choice": "no_fuse", "confidence": 0.9, "samples": 5},
+                  "right": {"choice": "fuse", "confidence": 0.9, "samples": 5}}})
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192, heuristic=rule)
+    table = model_sp_table(_sweep_rows(), config)
+    # llama-3-70b at tp 4: qkv N 2560 never; the others fuse from 2048 tokens (the next power of two), 512 per rank
+    assert [(m.name, m.min_tokens_per_rank, m.basis) for m in table.matmuls] == [
+        ("qkv", None, RULE), ("o_proj", 512, RULE), ("gate_up", 512, RULE), ("down", 512, RULE)]
+    early = LabConfig(tp_size=4, async_tp_min_tokens=4096, max_num_tokens=8192, heuristic=rule)
+    assert model_sp_table(_sweep_rows(), early).lookup(2048, 8192, "bfloat16", 4) == 1024  # not before SP starts
+
+
+def test_exported_file_says_what_it_does_and_whether_its_machine_can_answer(tmp_path):
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
+    path = export_config(_sweep_rows(), config, tmp_path / "gpu", chosen_in="test", vllm_release="0.31",
+                         matmul_rows=_matmul_rows())
+    text = describe_file(path)
+    assert "vLLM 0.31.0 (chosen): In vLLM 0.31.0 this runs SP + AsyncTP from 256 tokens" in text
+    assert '"sp_min_token_num":256' in text and "--tensor-parallel-size 4" in text
+    assert "WARNING" not in text and "next: serve with the line above" in text
+    assert "SP pays per layer from 64 tokens per rank" in text and function_path(path).name in text
+    assert function_path(path).read_text().count("), per-matmul rows") == 3  # the gates came from the matmul rows
+    for source, why in (("rehearsal", "no real overlap"), ("simulated", "no GPU measured this policy")):
+        text = describe_file(export_config(_sweep_rows(source=source), config, tmp_path / source, chosen_in="test"))
+        assert f"WARNING: tuned on {source} rows" in text and why in text and "next: measure on the GPUs" in text

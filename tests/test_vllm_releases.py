@@ -1,0 +1,193 @@
+"""The vLLM release table and sp_lab's export per release, against facts read in vLLM's own sources.
+
+Every expected value below was written by hand from the release's wheel (``vllm/config/compilation.py``, the SP
+pass ``is_applicable*`` method, ``vllm/config/vllm.py``'s range code, ``vllm/models/common/ops/
+sequence_parallel.py``), never from the table under test: a table or an exporter that drifts from vLLM fails.
+The policy throughout: tp 4, SP + AsyncTP from 256 tokens, max 8192 tokens, CUDA graphs as the user chose.
+"""
+
+import json
+
+import pytest
+
+from sp_lab.config import ConfigError, LabConfig
+from sp_lab.vllm_releases import DEFAULT_RELEASE, installed_release, release, unknown_fields, vllm_export
+
+FROM_256 = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
+EVERYWHERE = LabConfig(tp_size=4, async_tp_min_tokens=1, max_num_tokens=8192)
+NEVER = LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False, max_num_tokens=8192)
+
+# (release, what the 256-token policy exports to): the --compilation-config object, or None when the release
+# cannot run it, with the expressible "never" object that is then offered.
+LITERAL = {
+    # 0.11.0: `level`, old flag names, SP only at static compile sizes (is_applicable_for_shape): no threshold.
+    "0.11.0": (None, {"level": 3, "pass_config": {"enable_sequence_parallelism": False, "enable_async_tp": False},
+                      "cudagraph_mode": "NONE"}),
+    # 0.11.1: `mode`, old flag names; is_applicable returns True with splitting_ops [] -> every size.
+    "0.11.1": (None, {"mode": 3, "pass_config": {"enable_sequence_parallelism": False, "enable_async_tp": False},
+                      "cudagraph_mode": "NONE"}),
+    # 0.12.0: renamed flags, no ranges field yet, still every size.
+    "0.12.0": (None, {"mode": 3, "pass_config": {"enable_sp": False, "fuse_gemm_comms": False},
+                      "cudagraph_mode": "NONE"}),
+    "0.13.0": (None, {"mode": 3, "pass_config": {"enable_sp": False, "fuse_gemm_comms": False},
+                      "cudagraph_mode": "NONE"}),
+    "0.16.0": (None, {"mode": 3, "pass_config": {"enable_sp": False, "fuse_gemm_comms": False},
+                      "cudagraph_mode": "NONE"}),
+    # 0.17: sp_min_token_num gates SP (compile_range.start >= min_token_num), ranges still *_split_points.
+    "0.17.1": ({"mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 256},
+                "splitting_ops": [], "compile_ranges_split_points": [255], "cudagraph_mode": "NONE"}, None),
+    # 0.18: compile_ranges_endpoints.
+    "0.18.0": ({"mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 256},
+                "splitting_ops": [], "compile_ranges_endpoints": [255], "cudagraph_mode": "NONE"}, None),
+    "0.20.2": ({"mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 256},
+                "splitting_ops": [], "compile_ranges_endpoints": [255], "cudagraph_mode": "NONE"}, None),
+    "0.31.0": ({"mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 256},
+                "splitting_ops": [], "compile_ranges_endpoints": [255], "cudagraph_mode": "NONE"}, None),
+    # 0.32: sequence_parallelism.py and collective_fusion.py are gone, and the PassConfig fields with them.
+    "0.32.0": (None, {"mode": 3, "cudagraph_mode": "NONE"}),
+    "0.34.0": (None, {"mode": 3, "cudagraph_mode": "NONE"}),
+}
+
+
+@pytest.mark.parametrize("version", sorted(LITERAL))
+def test_export_per_release_is_what_vllm_runs(version):
+    expected, never = LITERAL[version]
+    export = vllm_export(FROM_256, version)
+    assert export.compilation_config == expected
+    if expected is None:
+        assert export.not_expressible and export.closest["never"]["compilation_config"] == never
+        with pytest.raises(ConfigError, match="closest vLLM .* can run: never"):
+            FROM_256.to_vllm(version)
+    else:
+        assert export.not_expressible is None and "from 256 tokens" in export.does
+        assert "[1, 255] without, [256, 8192] with" in export.does
+    assert vllm_export(NEVER, version).compilation_config == never or expected is not None
+
+
+def test_why_a_release_cannot_run_a_threshold():
+    assert "only at static compile_sizes" in vllm_export(FROM_256, "0.11.0").not_expressible
+    assert "no token gate" in vllm_export(FROM_256, "0.11.1").not_expressible
+    assert "removed the SP and AsyncTP compile passes" in vllm_export(FROM_256, "0.32.0").not_expressible
+    # where SP runs at every size once splitting_ops is [], "always" is the other expressible choice
+    assert vllm_export(FROM_256, "0.13.0").closest["always"]["compilation_config"] == {
+        "mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True}, "splitting_ops": [],
+        "cudagraph_mode": "NONE"}
+    assert "always" not in vllm_export(FROM_256, "0.11.0").closest  # only static sizes there
+    two_gates = LabConfig(tp_size=4, sp_min_tokens=16, async_tp_min_tokens=256)
+    assert "one gate for both" in vllm_export(two_gates, "0.31.0").not_expressible
+
+
+def test_sp_everywhere_is_expressible_from_0_11_1():
+    assert vllm_export(EVERYWHERE, "0.11.1").compilation_config == {
+        "mode": 3, "pass_config": {"enable_sequence_parallelism": True, "enable_async_tp": True},
+        "splitting_ops": [], "cudagraph_mode": "NONE"}
+    assert vllm_export(EVERYWHERE, "0.16.0").compilation_config == {
+        "mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True}, "splitting_ops": [],
+        "cudagraph_mode": "NONE"}
+    assert vllm_export(EVERYWHERE, "0.11.0").compilation_config is None
+
+
+@pytest.mark.parametrize(("mode", "with_sp", "without_sp"), [
+    ("none", "NONE", "NONE"),  # never switched on (vLLM's default would capture graphs)
+    ("full", "FULL", "FULL"),
+    ("piecewise", "NONE", "PIECEWISE"),  # no pieces under SP; vLLM would turn PIECEWISE into FULL
+    ("full_and_piecewise", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
+])
+def test_cuda_graph_mode_is_kept_never_switched_on(mode, with_sp, without_sp):
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, cudagraph_mode=mode)
+    assert vllm_export(config, "0.18").compilation_config["cudagraph_mode"] == with_sp
+    off = LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False, cudagraph_mode=mode)
+    assert vllm_export(off, "0.34").compilation_config["cudagraph_mode"] == without_sp
+
+
+# facts per release, read from each wheel: (mode field, SP flag, threshold field, ranges field, unknown keys,
+# what gates SP, whether splitting_ops [] must be written)
+FACTS = {
+    "0.11.0": ("level", "enable_sequence_parallelism", None, None, "dropped", "static_sizes", False),
+    "0.11.1": ("mode", "enable_sequence_parallelism", None, None, "dropped", "every_size", True),
+    "0.12.0": ("mode", "enable_sp", None, None, "dropped", "every_size", True),
+    "0.13.0": ("mode", "enable_sp", None, "compile_ranges_split_points", "rejected", "every_size", True),
+    "0.16.0": ("mode", "enable_sp", None, "compile_ranges_split_points", "rejected", "every_size", True),
+    "0.17.0": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_split_points", "rejected",
+               "sp_min_token_num", True),
+    "0.18.0": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
+               True),
+    "0.19.1": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
+               True),
+    "0.20.2": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
+               False),
+    "0.31.0": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
+               False),
+    "0.32.0": ("mode", None, None, "compile_ranges_endpoints", "rejected", "removed", None),
+    "0.34.0": ("mode", None, None, "compile_ranges_endpoints", "rejected", "removed", None),
+}
+
+
+@pytest.mark.parametrize("version", sorted(FACTS))
+def test_release_table_matches_the_wheels(version):
+    r = release(version)
+    assert (r.mode_field, r.sp_flag, r.sp_threshold_field, r.ranges_field, r.unknown_keys, r.sp_gate,
+            r.splitting_ops_empty_needed) == FACTS[version]
+    assert r.wheel.startswith(f"vllm-{version}-") and r.config_file == "vllm/config/compilation.py"
+    assert r.cudagraph_modes == ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def test_release_table_field_lists():
+    assert "level" in release("0.11.0").compilation_fields and "mode" not in release("0.11.0").compilation_fields
+    assert {"level", "mode"} <= release("0.11.1").compilation_fields  # level deprecated, still accepted
+    assert "level" not in release("0.18.0").compilation_fields
+    assert {"enable_sp", "enable_sequence_parallelism"} <= release("0.12.0").pass_fields  # old names deprecated
+    assert "enable_sequence_parallelism" not in release("0.13.0").pass_fields
+    assert not {"enable_sp", "fuse_gemm_comms", "sp_min_token_num"} & release("0.32.0").pass_fields
+    assert unknown_fields({"compile_ranges_endpoints": [255]}, "0.17") == ["compile_ranges_endpoints"]
+    assert unknown_fields({"pass_config": {"sp_min_token_num": 1}}, "0.16") == ["pass_config.sp_min_token_num"]
+    # model-level SP in 0.34: a min_tokens argument and a 1024-rows-per-rank fused all-gather + matmul
+    assert release("0.34.0").model_sp["is_sequence_parallel_active"] == ["is_enabled", "num_tokens", "min_tokens"]
+    assert release("0.34.0").model_sp["fused_all_gather_matmul_min_tokens_per_rank"] == 1024
+    assert release("0.33.0").model_sp["is_sequence_parallel_active"] == ["is_enabled", "num_tokens"]
+
+
+def test_release_names():
+    assert DEFAULT_RELEASE == "0.34.0"  # the newest on the package index when the table was read
+    assert release("0.18").version == "0.18.1" and release("0.11").version == "0.11.2"
+    assert release("0.99.0").version == DEFAULT_RELEASE  # newer than the table: the newest known
+    with pytest.raises(KeyError, match=r"unknown vLLM release '0.9'; known: 0.11, 0.12, .*0.34"):
+        release("0.9")
+    with pytest.raises(ConfigError, match="unknown vLLM release '0.9'"):
+        FROM_256.to_vllm("0.9")
+
+
+def test_a_file_section_must_follow_from_its_config():
+    text = FROM_256.to_json(vllm_release="0.18.0")
+    assert LabConfig.from_json(text) == FROM_256
+    doc = json.loads(text)
+    doc["vllm"]["compilation_config"]["pass_config"]["sp_min_token_num"] = 512
+    with pytest.raises(ConfigError, match="vllm.compilation_config.pass_config.sp_min_token_num: the file says 512"):
+        LabConfig.from_json(json.dumps(doc))
+    doc["vllm"]["release"] = "2026.03"  # a name from before sections named an exact release: not checked
+    assert LabConfig.from_json(json.dumps(doc)) == FROM_256
+
+
+def test_serve_line_quotes_the_object():
+    line = vllm_export(FROM_256, "0.18").serve_line("meta-llama/Llama-3.3-70B-Instruct", 4)
+    assert line == ("vllm serve meta-llama/Llama-3.3-70B-Instruct --tensor-parallel-size 4 --compilation-config "
+                    "'{\"mode\":3,\"pass_config\":{\"enable_sp\":true,\"fuse_gemm_comms\":true,\"sp_min_token_num\":"
+                    "256},\"splitting_ops\":[],\"compile_ranges_endpoints\":[255],\"cudagraph_mode\":\"NONE\"}'")
+
+
+def test_export_validates_with_the_installed_vllm():
+    """Parse the export as ``vllm serve`` parses --compilation-config, with the installed vLLM's own classes."""
+    version = installed_release()
+    if version is None:
+        pytest.skip("vLLM is not installed: the literal fixtures above stand for its classes")
+    from pydantic import TypeAdapter
+    from vllm.config.compilation import CompilationConfig
+
+    for config in (FROM_256, EVERYWHERE, NEVER):
+        export = vllm_export(config, version)
+        objects = [export.compilation_config] if export.compilation_config else [
+            c["compilation_config"] for c in export.closest.values()]
+        for obj in objects:
+            parsed = TypeAdapter(CompilationConfig).validate_json(json.dumps(obj))
+            for key, value in obj.get("pass_config", {}).items():
+                assert getattr(parsed.pass_config, key) == value
