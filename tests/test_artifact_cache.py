@@ -24,7 +24,10 @@ import pytest
 import torch
 
 import sp_lab
+from sp_lab.compiler import inspection
+from sp_lab.compiler.artifact_cache import range_key
 from sp_lab.compiler.passes import post_grad
+from sp_lab.compiler.ranges import CompileRange
 from sp_lab.distributed.collectives import fake_process_group
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
@@ -53,16 +56,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("empty_inductor"))
             out["restart"] = _sp_range(model, CONFIG)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before["TORCHINDUCTOR_CACHE_DIR"] or ""
-            # A field that changes neither the ranges, the effective config nor the pass's uuid (an op the toy
-            # does not call): only the config's own part of the key can tell the two apart.
+            # An op the toy does not call: the same pieces, yet another config.
             other_ops = dataclasses.replace(CONFIG, splitting_ops=[*CONFIG.splitting_ops, "aten::cumsum"])
             out["config_changed"] = _sp_range(model, other_ops)
-            changed = tmp_path_factory.mktemp("passes") / "sequence_parallel.py"
-            original = Path(post_grad.__file__).parent / "sequence_parallel.py"
+            # The pass manager's uuid covers the sources its records are written with: change one.
+            original = Path(inspection.__file__)
+            changed = tmp_path_factory.mktemp("passes") / original.name
             changed.write_text(original.read_text() + "\n# changed\n")
-            sources = [changed if p == original else p for p in post_grad._PASS_SOURCES]
+            sources = [changed if p == original else p for p in post_grad._RECORD_SOURCES]
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(post_grad, "_PASS_SOURCES", sources)
+                mp.setattr(post_grad, "_RECORD_SOURCES", sources)
                 out["pass_changed"] = _sp_range(model, CONFIG)
     finally:
         for key, value in before.items():
@@ -100,3 +103,17 @@ def test_a_changed_pass_is_a_miss_and_compiles_afresh(runs):
     # Inductor keys on the pass uuid too: nothing compiled before under this pass, so the pass ran again.
     assert not any(p.inductor_cache_hit for p in _compiled_pieces(changed))
     assert changed.op_counts() == runs["first"].op_counts()
+
+
+@pytest.mark.parametrize("field, value", [("heuristic_default", "no_fuse"), ("boundary", "gather"),
+                                          ("cudagraph_capture_sizes", [16]), ("token_dim", 1)])
+def test_the_key_changes_with_any_config_field_alone(field, value):
+    """Everything else held: graph, inputs, effective config, range, pass uuid."""
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    inputs = [torch.empty(3, 4)]
+    rng = CompileRange(8, 64, enable_sp=True, enable_async_tp=True)
+    key = range_key(gm, inputs, CONFIG, {"device": "cpu"}, rng, "pass-uuid")
+    assert range_key(gm, inputs, CONFIG, {"device": "cpu"}, rng, "pass-uuid") == key
+    changed = dataclasses.replace(CONFIG, **{field: value})
+    assert range_key(gm, inputs, changed, {"device": "cpu"}, rng, "pass-uuid") != key
+    assert range_key(gm, inputs, CONFIG, {"device": "cpu"}, rng, "other-pass-uuid") != key

@@ -107,7 +107,7 @@ class RangeCompiler:
 
     def pass_uuid(self) -> str:
         """The ``uuid()`` of the post-grad pass this range's pieces get: its sources and settings."""
-        return self._pass(sp=self.range.enable_sp, boundary=self.config.boundary).uuid()
+        return self._passes(sp=self.range.enable_sp, boundary=self.config.boundary).uuid()
 
     def _reserve_symm_mem_workspace(self) -> None:
         """Size the symmetric-memory workspace for the largest fused matmul of the range, up front.
