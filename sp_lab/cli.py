@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="baseline below, sp+async_tp from this token count; 'never' for SP and AsyncTP off "
                    "(default: the recommended policy)")
     p.add_argument("--out", type=Path, default=None, help=f"directory for the file (default {DEFAULT_OUT}/ in the project)")
+    p.add_argument("--matmul-rows", type=Path, default=None,
+                   help="per-matmul fused/unfused rows (.parquet or .csv, as measure_matmuls writes them) for the "
+                   "model-level gates per shape (default: the layer sweep's gate for every matmul)")
     _add_vllm_arg(p)
 
     p = sub.add_parser("report", help="write an HTML report of the rows")
@@ -195,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="llama-3-70b", help="preset to predict (default llama-3-70b)")
     p.add_argument("--tp", type=_positive_int, default=8, help="tensor-parallel size (default 8)")
     p.add_argument("--gpu", default="h200", help="h100, h100-hbm2e, h100-pcie, h200, h800 or b200 (default h200)")
-    p.add_argument("--dtype", default="bfloat16", help="matmul dtype (bfloat16; float8 once FP8 tables ship)")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="matmul dtype: bfloat16, fp8 (rowwise scales, as vLLM) or fp8-tensorwise (as torchtitan)")
     p.add_argument("--tokens", type=_token_list, default=None, help="comma-separated token counts for the curves")
     p.add_argument("--rule", type=Path, default=None, help="a per-matmul rule JSON for the 'tuned' curve "
                    "(default: the rule the model implies)")
@@ -355,9 +359,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         rec = _recommend(df, base)
         config = rec.config
     path = export_config(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
-                         vllm_release=args.vllm_release)
+                         vllm_release=args.vllm_release, matmul_rows=_matmul_rows(args.matmul_rows))
     print(describe_file(path))
     return 0
+
+
+def _matmul_rows(path: Path | None) -> pl.DataFrame | None:
+    import polars as pl
+
+    if path is None:
+        return None
+    if not path.is_file() or path.suffix not in (".parquet", ".csv"):
+        raise CliError(f"--matmul-rows {path}: expected a .parquet or .csv file of per-matmul rows "
+                       "(sp_lab.tuning.microbench.measure_matmuls)")
+    rows = pl.read_parquet(path) if path.suffix == ".parquet" else pl.read_csv(path)
+    need = ("name", "side", "k", "n", "dtype", "tp", "m", "fused_us", "unfused_us")
+    missing = [c for c in need if c not in rows.columns]
+    if missing:
+        raise CliError(f"--matmul-rows {path}: lacks columns {missing} (measure_matmuls writes them)")
+    return rows
 
 
 def cmd_report(args: argparse.Namespace) -> int:

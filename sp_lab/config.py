@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import difflib
 import enum
 import functools
 import json
 import math
 import re
-import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from sp_lab.jsonfile import read_json
-from sp_lab.rules import MatmulRule, RuleError
+from sp_lab.jsonfile import TypedJSON, json_kind, read_json
+from sp_lab.rules import MatmulRule
 from sp_lab.vllm_releases import DEFAULT_RELEASE as DEFAULT_VLLM_RELEASE
 
 __all__ = [
@@ -179,14 +177,11 @@ class LabConfig:
     static: another batch size is another Dynamo graph (its own compiles)."""
 
     def __post_init__(self) -> None:
+        # The fields' types checked by the one strict loader of typed JSON: a tuple is held as a list, a
+        # strategy given by name as the member.
         hints = _field_types(type(self))
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            _check_type(f.name, value, hints[f.name])
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], enum.Enum):
-                setattr(self, f.name, hints[f.name](value))  # given by name, held as the member
-            if isinstance(value, tuple):  # accepted for convenience; stored as a list like JSON
-                setattr(self, f.name, list(value))
+            setattr(self, f.name, _FIELDS.decode(hints[f.name], getattr(self, f.name), f.name))
         self._check_values()
         # Normalise so that equal configs compare equal and serialise identically.
         if self.cudagraph_mode is None:
@@ -355,20 +350,7 @@ class LabConfig:
         """Inverse of :meth:`to_dict`. Unknown fields and wrong types raise :class:`ConfigError`."""
         if not isinstance(d, dict):
             raise ConfigError(f"LabConfig: expected a dict of fields, got {type(d).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in d:
-            if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(names)}"
-                raise ConfigError(f"unknown field {key!r}; {hint}")
-        kwargs = dict(d)
-        rule = kwargs.get("heuristic")
-        if isinstance(rule, dict):
-            try:
-                kwargs["heuristic"] = MatmulRule.from_dict(rule)
-            except RuleError as e:
-                raise ConfigError(f"heuristic: {e}") from None
-        return cls(**kwargs)
+        return _FILE.decode(cls, d)
 
     def to_vllm(self, version: str = DEFAULT_VLLM_RELEASE) -> dict[str, Any]:
         """This config as a vLLM ``--compilation-config`` object for vLLM release ``version``.
@@ -475,43 +457,19 @@ def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _check_type(name: str, value: Any, expected: Any) -> None:
-    """Raise ConfigError ``"<name>: expected <type>, got <type> <value>"`` unless ``value`` fits ``expected``."""
-    origin, args = typing.get_origin(expected), typing.get_args(expected)
-    if isinstance(expected, type) and issubclass(expected, enum.Enum):
-        origin, args = Literal, tuple(m.value for m in expected)
-    if origin is Literal:
-        if not isinstance(value, str) or value not in args:
-            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"{name}: expected one of {', '.join(map(repr, args))}, got {type(value).__name__} {value!r}{hint}"
-            )
-        return
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return
-        (inner,) = [a for a in args if a is not type(None)]
-        if value is not None and (typing.get_origin(inner) is not None or isinstance(value, inner)):
-            _check_type(name, value, inner)
-            return
-    elif origin is list:
-        if isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                _check_type(f"{name}[{i}]", item, args[0])
-            return
-    elif expected is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return
-    elif isinstance(value, expected):
-        return
-    raise ConfigError(f"{name}: expected {_type_name(expected)}, got {type(value).__name__} {value!r:.80}")
+def _rule(value: Any) -> MatmulRule:
+    """A ``heuristic`` given as a rule or as its JSON form (a RuleError names the bad node)."""
+    if isinstance(value, MatmulRule):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"expected a MatmulRule or its JSON object, got {json_kind(value)}")
+    return MatmulRule.from_dict(value)
 
 
-def _type_name(tp: Any) -> str:
-    if isinstance(tp, type):
-        return tp.__name__
-    return str(tp).replace("typing.", "").replace("sp_lab.rules.", "")
+_FIELDS = TypedJSON(ConfigError, built=True)
+"""LabConfig's fields checked by the one strict loader of typed JSON (``"<field>: expected ..."``)."""
+_FILE = TypedJSON(ConfigError, hooks={MatmulRule: _rule})
+"""The same for a config read from JSON, where a rule is its JSON object."""
 
 
 def _diff(got: Any, want: Any, path: str):

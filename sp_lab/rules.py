@@ -64,9 +64,10 @@ FEATURES: dict[str, str] = {
     "mk": "m * k: elements of the activation",
     "nk": "n * k: elements of the weight",
     "mnk": "m * n * k: half the FLOPs of the matmul",
+    "dtype_bytes": "bytes of one operand element: 2 for bf16/fp16 matmuls, 1 for FP8 scaled matmuls",
     "intensity": (
-        "arithmetic intensity of the unfused matmul in FLOP/byte with 2-byte elements: "
-        "2*m*n*k / (2*(m*k + k*n + m*n))"
+        "arithmetic intensity of the unfused matmul in FLOP/byte, operands of dtype_bytes and a 2-byte output: "
+        "2*m*n*k / (dtype_bytes*(m*k + k*n) + 2*m*n)"
     ),
     "log2_m": "log2(m)",
     "log2_n": "log2(n)",
@@ -79,13 +80,15 @@ class RuleError(ValueError):
     """A rule file or dict is malformed. The message names the path in the tree (``root.left.threshold``)."""
 
 
-def features(m: int, n: int, k: int, tp: int = 1) -> dict[str, float]:
-    """All features of :data:`FEATURES` for one matmul ``[m, k] @ [k, n]`` in a TP group of ``tp`` ranks.
+def features(m: int, n: int, k: int, tp: int = 1, dtype_bytes: int = 2) -> dict[str, float]:
+    """All features of :data:`FEATURES` for one matmul ``[m, k] @ [k, n]`` in a TP group of ``tp`` ranks,
+    with ``dtype_bytes``-byte operands (1: FP8, whose crossover differs from bf16's).
 
     The training code (``sp_lab.tuning.train``) calls this same function, so a trained threshold and
     the value the compiler compares it with are computed identically.
     """
-    m, n, k, tp = (_positive_int(name, value) for name, value in (("m", m), ("n", n), ("k", k), ("tp", tp)))
+    m, n, k, tp, dtype_bytes = (_positive_int(name, value) for name, value in
+                                (("m", m), ("n", n), ("k", k), ("tp", tp), ("dtype_bytes", dtype_bytes)))
     mnk = m * n * k
     return {
         "m": float(m),
@@ -97,8 +100,9 @@ def features(m: int, n: int, k: int, tp: int = 1) -> dict[str, float]:
         "mk": float(m * k),
         "nk": float(n * k),
         "mnk": float(mnk),
-        # FLOPs 2mnk over bytes moved 2(mk + kn + mn) for bf16/fp16; the 2s cancel.
-        "intensity": mnk / (m * k + k * n + m * n),
+        "dtype_bytes": float(dtype_bytes),
+        # FLOPs 2mnk over bytes moved: operands of dtype_bytes, a 2-byte (bf16) output. For bf16 the 2s cancel.
+        "intensity": 2 * mnk / (dtype_bytes * (m * k + k * n) + 2 * m * n),
         "log2_m": math.log2(m),
         "log2_n": math.log2(n),
         "log2_k": math.log2(k),
@@ -222,26 +226,27 @@ class MatmulRule:
 
     # -- evaluation ---------------------------------------------------------------------------------
 
-    def leaf(self, m: int, n: int, k: int, tp: int = 1) -> Leaf:
-        """The leaf that matmul ``[m, k] @ [k, n]`` in a group of ``tp`` ranks reaches."""
-        feats = features(m, n, k, tp)
+    def leaf(self, m: int, n: int, k: int, tp: int = 1, dtype_bytes: int = 2) -> Leaf:
+        """The leaf that matmul ``[m, k] @ [k, n]`` (``dtype_bytes``-byte operands) with ``tp`` ranks reaches."""
+        feats = features(m, n, k, tp, dtype_bytes)
         node = self.root
         while isinstance(node, Split):
             node = node.left if feats[node.feature] <= node.threshold else node.right
         return node
 
-    def decide(self, m: int, n: int, k: int, tp: int = 1, *, min_confidence: float = 0.0) -> Choice:
+    def decide(self, m: int, n: int, k: int, tp: int = 1, *, dtype_bytes: int = 2,
+               min_confidence: float = 0.0) -> Choice:
         """``"fuse"``, ``"no_fuse"`` or ``"unsure"`` for matmul ``[m, k] @ [k, n]`` with ``tp`` ranks.
 
         Leaves whose training confidence is below ``min_confidence`` answer ``"unsure"``, so the
         caller's fallback (``LabConfig.heuristic_default``) decides there instead.
         """
-        leaf = self.leaf(m, n, k, tp)
+        leaf = self.leaf(m, n, k, tp, dtype_bytes)
         return "unsure" if leaf.confidence < min_confidence else leaf.choice
 
-    def explain(self, m: int, n: int, k: int, tp: int = 1) -> list[str]:
+    def explain(self, m: int, n: int, k: int, tp: int = 1, dtype_bytes: int = 2) -> list[str]:
         """The conditions on the path to the decision, e.g. ``["m = 64 <= 512", "-> no_fuse (0.98, 40 samples)"]``."""
-        feats = features(m, n, k, tp)
+        feats = features(m, n, k, tp, dtype_bytes)
         steps, node = [], self.root
         while isinstance(node, Split):
             value = feats[node.feature]

@@ -276,6 +276,15 @@ def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_pat
     with pytest.raises(SystemExit):
         cli.main([*argv, "--vllm-release", "0.9"])
     assert "unknown vLLM release '0.9'" in capsys.readouterr().err
+    # per-matmul rows give each shape its own gate: qkv's fused form wins from 64 tokens (32 per rank) on
+    matmul = tmp_path / "matmul.csv"
+    pl.DataFrame([{"name": "qkv", "side": "ag", "k": 64, "n": 64, "dtype": "float32", "tp": 2, "m": m,
+                   "fused_us": 10.0 if m >= 64 else 30.0, "unfused_us": 20.0} for m in (16, 64, 256)]).write_csv(matmul)
+    assert cli.main([*argv, "--matmul-rows", str(matmul)]) == 0
+    (fn,) = tmp_path.glob("*.min_tokens_per_rank.py")
+    assert "(64, 64, 'float32', 2): 32,  # qkv (ag), per-matmul rows" in fn.read_text()
+    assert cli.main([*argv, "--matmul-rows", str(tmp_path / "none.csv")]) == 2
+    assert "expected a .parquet or .csv file of per-matmul rows" in capsys.readouterr().err
 
 
 def test_report_never_replaces_another_stores_report_unasked(store, tmp_path, capsys):

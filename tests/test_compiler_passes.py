@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._inductor.decomposition import select_decomp_table
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from tp_models import Fp8Stack
 
 from sp_lab.compiler.inspection import op_counts
@@ -285,9 +286,12 @@ def test_matmul_with_bias_fuses_with_its_all_gather(group, spelling):
 
 
 def _fp8_graph_dtypes(graph: fx.Graph) -> list[str]:
-    """The dtypes every all_gather in ``graph`` moves."""
-    return [str(n.args[0].meta["val"].dtype) for n in graph.nodes
-            if n.target is torch.ops._c10d_functional.all_gather_into_tensor.default]
+    """The dtypes every all_gather in ``graph`` moves; asserts each shard is a multiple of 4 rows (the rowwise
+    scales' alignment, sequence_parallel._row_align) or, tensorwise, of no particular size."""
+    gathers = [n.args[0].meta["val"] for n in graph.nodes
+               if n.target is torch.ops._c10d_functional.all_gather_into_tensor.default]
+    rows_of_4 = [statically_known_true(v.shape[0] % 4 == 0) for v in gathers]
+    return [str(v.dtype) for v in gathers] + [f"rows of 4: {all(rows_of_4)}"]
 
 
 @pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
@@ -300,7 +304,7 @@ def test_sequence_parallel_gathers_fp8_bytes_and_token_local_scales(group, tenso
     # bf16 activations would take 2), with their per-token float32 scales (rowwise); nothing gathers bf16 into it.
     # The last gather is the graph output (the residual, bf16).
     expected = ["torch.uint8", "torch.float32"] if not tensorwise else ["torch.uint8"]
-    assert seen["result"] == [*expected, "torch.bfloat16"], seen["result"]
+    assert seen["result"] == [*expected, "torch.bfloat16", f"rows of 4: {not tensorwise}"], seen["result"]
     assert seen["out"].dtype == torch.bfloat16 and seen["out"].shape == (7, 32)
 
 
@@ -382,3 +386,12 @@ def test_passes_match_the_untransformed_function_on_each_ranks_shard(gloo_passes
         assert after["all_reduce"] == 0, (rank, after)  # the rewrite ran: not a comparison of identical graphs
         if case.endswith("sp+async_tp"):
             assert after["fused_all_gather_matmul"] + after["fused_matmul_reduce_scatter"] > 0, (rank, after)
+
+
+def test_gate_reads_the_operand_width_of_a_scaled_matmul(group):
+    # A rule that fuses 2-byte (bf16) matmuls only: the FP8 stack's scaled matmuls stay unfused, judged as 1-byte.
+    rule = MatmulRule(Split("dtype_bytes", 1.5, Leaf("no_fuse"), Leaf("fuse")))
+    seen = capture(Fp8Stack(tp=TP), lambda g: (sequence_parallel(g), async_tp(g, rule=rule))[1],
+                   torch.randn(7, 32).bfloat16())
+    assert [c.decision for c in seen["result"].candidates] == ["no_fuse"] * 3
+    assert seen["after"]["fused_all_gather_matmul"] + seen["after"]["fused_matmul_reduce_scatter"] == 0

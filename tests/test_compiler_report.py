@@ -327,4 +327,4 @@ def test_the_loader_refuses_a_field_it_does_not_know(tmp_path, where, add, path)
     for load in (lambda: CompileReport.from_dict(doc), lambda: CompileReport.load(file)):
         with pytest.raises(ReportError) as caught:
             load()
-        assert f"{path}unknown field(s) ['sharded_bytes']" in str(caught.value), (where, str(caught.value))
+        assert f"{path}unknown field 'sharded_bytes'" in str(caught.value), (where, str(caught.value))

@@ -263,3 +263,41 @@ def test_fp8_checkpoint_at_tp2_matches_tp1(ranks, checkpoints, granularity):
     for result in ranks:
         # tp 2 sums two bf16 partial products where tp 1 sums in one matmul: bf16 rounding, then FP8 flips.
         assert _rel_err(result["checkpoints"][granularity], want) < FP8_TOL
+
+
+# -- tuning knows the dtype ----------------------------------------------------------------------------------
+
+
+def _synthetic_rows(dtype: str, crossover: int) -> list[dict]:
+    """Microbenchmark-shaped rows where fusing pays from ``crossover`` tokens on, for 12 shapes."""
+    rows = []
+    for n, k in ((n, k) for n in (1024, 2048, 4096, 8192) for k in (1024, 4096, 8192)):
+        for m in (2**i for i in range(4, 15)):
+            unfused = 10.0 + m * n * k / 1e9
+            rows.append({"m": m, "n": n, "k": k, "tp": 4, "dtype": dtype, "unfused_us": unfused,
+                         "fused_us": unfused * (0.8 if m >= crossover else 1.3)})
+    return rows
+
+
+def test_rule_training_refuses_pooled_bf16_and_fp8_rows_and_learns_both_with_the_dtype_feature():
+    pl = pytest.importorskip("polars")
+    from sp_lab.tuning.train import DEFAULT_FEATURES, train_rule
+
+    rows = pl.DataFrame(_synthetic_rows("bfloat16", 256) + _synthetic_rows("fp8-rowwise", 2048))
+    with pytest.raises(ValueError, match=r"rows mix matmul dtypes \['bfloat16', 'fp8-rowwise'\]"):
+        train_rule(rows)
+    rule = train_rule(rows, feature_names=(*DEFAULT_FEATURES, "dtype_bytes"), min_samples_leaf=1,
+                      val_fraction=0.2, test_fraction=0.2).rule
+    # The same matmul at 512 tokens: past the bf16 crossover, short of the FP8 one.
+    assert rule.decide(512, 4096, 1024, 4, dtype_bytes=2) == "fuse"
+    assert rule.decide(512, 4096, 1024, 4, dtype_bytes=1) == "no_fuse"
+
+
+def test_policy_refuses_rows_pooling_bf16_and_fp8_sweeps():
+    pytest.importorskip("polars")
+    from sp_lab.tuning.policy import recommend
+
+    rows = [{"num_tokens": t, "variant": v, "latency_us": 100.0 + t, "dtype": dtype, "source": "measured"}
+            for dtype in ("bfloat16", "fp8-rowwise") for t in (16, 64) for v in ("baseline", "sp+async_tp")]
+    with pytest.raises(ValueError, match=r"rows of several dtypes \['bfloat16', 'fp8-rowwise'\]"):
+        recommend(rows, sp_lab.LabConfig(tp_size=2))

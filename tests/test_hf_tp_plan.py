@@ -52,11 +52,24 @@ def _tiny_llama() -> transformers.LlamaForCausalLM:
     return model
 
 
+def _tiny_qwen2() -> transformers.Qwen2ForCausalLM:
+    """Qwen2: Llama-shaped, with biases on q/k/v (``F.linear`` with a bias: ``addmm`` in the graph)."""
+    torch.manual_seed(1)
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=256)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # biases start at 0: make them count
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
 def _ids(n: int) -> torch.Tensor:
     return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
 
 
-def _worker(path: str) -> dict[str, Any]:
+def _worker(path: str, qwen2_path: str) -> dict[str, Any]:
     models = {attn: from_pretrained_tp_plan(
         path, dtype=torch.float32, attn_implementation=register_hf_attention() if attn == "sp_lab" else attn).eval()
         for attn in ("sdpa", "sp_lab")}
@@ -81,17 +94,24 @@ def _worker(path: str) -> dict[str, Any]:
                 "op_counts": compiled.report.op_counts(12),
                 "sp_rewrites": compiled.report.sp_rewrites(12),
             }
+    qwen2 = from_pretrained_tp_plan(qwen2_path, dtype=torch.float32, attn_implementation=register_hf_attention()).eval()
+    torch._dynamo.reset()
+    compiled = sp_lab.compile(CausalLMLogits(qwen2), sp_lab.LabConfig(tp_size=TP, token_dim=1, async_tp_min_tokens=8,
+                                                                      max_num_tokens=64, boundary="sharded"))
+    with torch.no_grad():
+        results["qwen2"] = {"compiled": compiled(_ids(13)), "op_counts": compiled.report.op_counts(13)}
     return results
 
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory) -> tuple[dict[int, torch.Tensor], list[dict[str, Any]]]:
-    model = _tiny_llama()
-    path = tmp_path_factory.mktemp("tiny_llama")
+    model, qwen2 = _tiny_llama(), _tiny_qwen2()
+    path, qwen2_path = tmp_path_factory.mktemp("tiny_llama"), tmp_path_factory.mktemp("tiny_qwen2")
     model.save_pretrained(path)
+    qwen2.save_pretrained(qwen2_path)
     with torch.no_grad():
-        expected = {n: model(_ids(n)).logits for n in COUNTS}
-    return expected, sp_lab.launch(_worker, str(path), world_size=TP, timeout=900.0)
+        expected = {n: model(_ids(n)).logits for n in COUNTS} | {"qwen2": qwen2(_ids(13)).logits}
+    return expected, sp_lab.launch(_worker, str(path), str(qwen2_path), world_size=TP, timeout=900.0)
 
 
 @pytest.mark.parametrize("label", [c[0] for c in CASES])
@@ -114,6 +134,17 @@ def test_hf_llama_with_its_tp_plan_matches_unsharded_logits(hf, label):
         # attention boundaries, sharded carries it across as a token shard.
         assert counts["all_gather"] == (3 if label in ("sp_lab-gather", "sp_lab-gather_erase") else 1), counts
         assert counts["fused_all_gather_matmul"] > 0, counts
+
+
+def test_hf_qwen2_matmuls_with_bias_fuse_with_their_all_gathers(hf):
+    expected, ranks = hf
+    for rank in ranks:
+        got = rank["qwen2"]
+        assert (got["compiled"] - expected["qwen2"]).abs().max().item() < 1e-4
+        # q, k, v (with biases: addmm), gate and up of both layers and the LM head read gathered shards: all 11
+        # fuse (without the addmm pattern the 6 biased ones stayed plain matmuls, each with its own all_gather).
+        counts = got["op_counts"]
+        assert (counts["fused_all_gather_matmul"], counts["mm"], counts["fused_matmul_reduce_scatter"]) == (11, 0, 4), counts
 
 
 @pytest.mark.parametrize("label", [c[0] for c in CASES if c[1] == "sp_lab"])

@@ -77,21 +77,33 @@ def _figure(unit: str, published: float) -> V.Figure:
     ("tokens", 4096, 2048, -0.5, "hit"),   # within 2x
     ("tokens", 4096, 16384, 3.0, "miss"),
     ("x", 1.0, None, None, "not predicted"),
+    ("x-lower-bound", 1.0, 0.90, -0.10, "undecided"),  # a step speedup bounds the layer's from below
+    ("x-lower-bound", 1.0, 0.80, -0.20, "miss"),
+    ("x-lower-bound", 1.0, 1.30, 0.30, "hit"),
 ])
 def test_verdicts(unit, published, predicted, error, verdict):
-    got_error, got_verdict = V._verdict(_figure(unit, published), predicted)
+    fig = _figure(unit.removesuffix("-lower-bound"), published)
+    if unit.endswith("-lower-bound"):
+        fig = V.Figure(**{**fig.__dict__, "setup": {"published_is": "lower_bound"}})
+    got_error, got_verdict = V._verdict(fig, predicted)
     assert got_verdict == verdict
     assert got_error == (pytest.approx(error) if error is not None else None)
 
 
-def test_figures_name_public_sources_and_fp8_waits_for_its_table():
+def test_figures_name_public_sources_and_fp8_is_predicted_from_its_table():
+    from sp_lab.tuning.predict import kernels as K
+    from sp_lab.tuning.predict.hardware import gpu
+
     figs = V.figures()
     assert {f.id for f in figs} >= {"kraken-19-m512", "torchtitan-70b-bf16", "vllm-sp-threshold-b200"}
     for f in figs:
         assert f.source_url.startswith("https://") and f.differences
     fp8 = next(f for f in figs if f.id == "torchtitan-70b-fp8")
-    value, note = V.predict_figure(fp8)
-    assert value is None and "no measured float8 matmul table" in note
+    assert fp8.setup["dtype"] == "float8_tensorwise" and fp8.setup["published_is"] == "lower_bound"
+    value, _ = V.predict_figure(fp8)
+    assert value is not None and value > 0
+    with pytest.raises(ValueError, match="no measured float8_tensorwise matmul table.*matmul_fp8_single_gpu.json"):
+        K.KernelModel(K.MatmulTable.from_files(K.SINGLE_GPU_JSON, K.CHUNKING_TP8_JSON), gpu("h100"), "fp8-tensorwise")
 
 
 def test_docs_page_is_what_the_command_writes(tmp_path, capsys):
@@ -101,9 +113,27 @@ def test_docs_page_is_what_the_command_writes(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert out.read_text() == (REPO / "docs" / "predictions.md").read_text()
     n = len(json.loads(V.FIGURES_JSON.read_text())["figures"])
-    assert sum(1 for line in printed.splitlines() if re.search(r"\| (hit|miss|not predicted) \|$", line)) == n
+    assert sum(1 for line in printed.splitlines() if re.search(r"\| (hit|miss|undecided|not predicted) \|$", line)) == n
     # the measured tp 1 rows with the prediction's error beside each token count
     measured = [line for line in printed.splitlines() if re.match(r"\| \d+ \| [\d.]+ \| [\d.]+ \| [+-]\d+% \|$", line)]
     tp1 = json.loads((REPO / "data" / "h200" / "tp1_latency.json").read_text())["rows"]
     want = sorted(r["num_tokens"] for r in tp1 if r["variant"] == "sp_lab full_and_piecewise")
     assert [int(line.split("|")[1]) for line in measured] == want
+
+
+def test_a_miss_is_read_term_by_term():
+    # vLLM #37489 at M = 512 is timed eagerly: the fused calls cost their host floor, two fused all_gather + matmul
+    # calls at the median eager time measured on the H200 (symm_mem_ws1.json); and the same figure timed as
+    # device time is the graph-timing prediction.
+    import dataclasses
+    import statistics
+
+    from sp_lab.resources import h200_file
+
+    rows = json.loads(h200_file("symm_mem_ws1.json").read_text())["rows"]
+    floor = 2 * statistics.median(r["fused_ag_mm_eager"] for r in rows)
+    fig = next(f for f in V.figures() if f.id == "vllm-37489-m512")
+    text = V.miss_breakdown(fig)
+    assert f"host floor {floor:.0f} us" in text and "8 chunk matmuls" in text
+    graph, _ = V.predict_figure(dataclasses.replace(fig, setup={**fig.setup, "timing": "graph"}))
+    assert text.endswith(f"Timed as device time (CUDA graphs) instead: {graph:.2f}x.")

@@ -132,9 +132,11 @@ def test_baseline_layer_by_hand(table):
     assert sp["norm_us"] == pytest.approx(base["norm_us"] / 8)
 
 
-def test_fp8_needs_a_measured_table(table):
+def test_fp8_needs_a_measured_table():
+    bf16_only = K.MatmulTable.from_files(K.SINGLE_GPU_JSON, K.CHUNKING_TP8_JSON)
     with pytest.raises(ValueError, match="no measured float8 matmul table"):
-        K.KernelModel(table, H.gpu("h200"), "float8_e4m3fn")
+        K.KernelModel(bf16_only, H.gpu("h200"), "float8_e4m3fn")
+    assert "float8" in K.default_table().dtypes()  # the shipped FP8 table (data/h200/matmul_fp8_single_gpu.json)
 
 
 def test_crossover_is_where_the_variant_wins_from_then_on():
@@ -201,3 +203,19 @@ def test_fp8_bench_rows_are_read_per_scaling(tmp_path):
     assert h100.mm_us(4096, qkv.n, qkv.k) >= rowwise.mm_us(4096, qkv.n, qkv.k)
     with pytest.raises(ValueError, match="unsupported dtype 'fp4'"):
         K.canonical_dtype("fp4")
+
+
+def test_fp8_roofline_is_fitted_on_its_own_rows():
+    # Rows made from a known FP8 roofline (peak 1500 TFLOP/s, above any bf16 peak; 1-byte operands, bf16 output):
+    # the fit recovers it, so unmeasured FP8 shapes are not timed at bf16 speed.
+    import polars as pl
+
+    def us(m, n, k):
+        return 5.0 + max(2 * m * n * k / 1500e6, ((m * k + k * n) + 2 * m * n) / 3500e3)
+    shapes = [(1280, 8192), (7168, 8192), (8192, 1024), (8192, 3584)]
+    rows = pl.DataFrame([{"m": m, "n": n, "k": k, "variant": "mm", "chunks": 1, "us": us(m, n, k), "dtype": "float8"}
+                         for n, k in shapes for m in (2 ** i for i in range(15))])
+    fit = K.fit_roofline(K.MatmulTable(rows), "fp8")
+    assert fit.peak_tflops == pytest.approx(1500, rel=0.03) and fit.hbm_gbps == pytest.approx(3500, rel=0.03)
+    with pytest.raises(ValueError, match="too few measured bfloat16 mm rows"):
+        K.fit_roofline(K.MatmulTable(rows))

@@ -99,9 +99,9 @@ def _doc() -> dict:
     ("edit", "message"),
     [
         (lambda d: d["ranges"][1]["pieces"][0]["op_counts_after"].update(all_gathers=1),
-         r"ranges\[1\]\.pieces\[0\]\.op_counts_after\['all_gathers'\]: expected one of \['all_reduce'"),
+         r"ranges\[1\]\.pieces\[0\]\.op_counts_after\['all_gathers'\]: expected one of 'all_reduce'"),
         (lambda d: d["ranges"][1]["pieces"][0]["async_tp_decisions"][0].update(decision="maybe"),
-         r"ranges\[1\]\.pieces\[0\]\.async_tp_decisions\[0\]\.decision: expected one of \['fuse', 'no_fuse'\]"),
+         r"ranges\[1\]\.pieces\[0\]\.async_tp_decisions\[0\]\.decision: expected one of 'fuse', 'no_fuse'"),
         (lambda d: d["ranges"][1]["boundaries"][0]["tensors"][1].update(shape_after=[1.5, 64]),
          r"ranges\[1\]\.boundaries\[0\]\.tensors\[1\]\.shape_after\[0\]: expected int or str, got float 1.5"),
         (lambda d: d["ranges"][1]["pieces"][0]["graph_after"]["edges"].append(["a"]),

@@ -327,7 +327,8 @@ def _row_base(spec: Any, sweep_id: str, dtype: torch.dtype, world: int, device: 
         "model": spec.name,
         "hidden_size": spec.hidden_size,
         "num_layers": spec.num_layers,
-        "dtype": _dtype_name(dtype),
+        # An FP8 model's setup is its scheme ("fp8-rowwise"), so its rows never pool with the bf16 model's.
+        "dtype": getattr(spec, "quant", None) or _dtype_name(dtype),
         "tp": world,
         "device_name": device_name(device),
         "device_count": _device_count(device),

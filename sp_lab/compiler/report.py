@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import gzip
 import json
-import types
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from sp_lab.config import BoundaryStrategy
+from sp_lab.jsonfile import TypedJSON, json_kind
 
 __all__ = [
     "COLLECTIVE_KEYS",
@@ -401,7 +399,7 @@ class CompileReport:
         (a ``ValueError``) naming the field's path (e.g. ``ranges[1].pieces[0].op_counts_after``), what it
         should hold and what it holds."""
         if not isinstance(d, dict):
-            raise ReportError(f"compile report: expected a JSON object, got {_json_kind(d)}")
+            raise ReportError(f"compile report: expected a JSON object, got {json_kind(d)}")
         schema = d.get("schema")
         if schema == _SCHEMA_V1:
             d = _migrate_v1(d)
@@ -487,178 +485,13 @@ def _migrate_v1_range(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "pieces": pieces}
 
 
-def _json_kind(value: Any) -> str:
-    return f"{type(value).__name__} {value!r:.60}"
-
-
-# Decoders pass the path of the value they check as a chain ``(parent, key)``, rendered only for an error
-# (``ranges[1].pieces[0].op_counts_after['mm']``): formatting it for every value made loading 2x slower.
-_Path = str | tuple
-
-
-def _render(path: _Path) -> str:
-    keys = []
-    while isinstance(path, tuple):
-        path, key = path
-        keys.append(key)
-    out = path
-    for key in reversed(keys):
-        if isinstance(key, int):
-            out += f"[{key}]"
-        elif key.startswith("["):
-            out += key
-        else:
-            out = f"{out}.{key}" if out else key
-    return out
-
-
-def _fail(path: _Path, message: str) -> typing.NoReturn:
-    where = _render(path)
-    raise ReportError(f"compile report: {where + ': ' if where else ''}{message}")
-
-
-_DERIVED = {"RangeReport": ("erased_copies", "numerically_unsafe")}  # written by to_dict, recomputed on load
+_DERIVED = {RangeReport: ("erased_copies", "numerically_unsafe")}  # written by to_dict, recomputed on load
+_JSON = TypedJSON(ReportError, "compile report", derived=_DERIVED)
 
 
 def _decode(tp: Any, value: Any, path: str) -> Any:
     """``value`` (parsed JSON) checked against the annotation ``tp`` and built into records."""
-    return _decoder(tp)(value, path)
-
-
-@functools.cache
-def _decoder(tp: Any) -> Callable[[Any, _Path], Any]:
-    """A function checking parsed JSON against ``tp`` and building it; made once per type (reports are big)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    name = _type_name(tp)
-    if tp is Any:
-        return lambda value, path: value
-    if origin in (typing.Union, types.UnionType):
-        options = [_decoder(a) for a in args if a is not type(None)]
-        nullable = type(None) in args
-        # int | str sizes: a JSON value of exactly one of these types needs no trial decoding.
-        exact = frozenset(a for a in args if a in (int, str, bool))
-
-        def union(value: Any, path: _Path) -> Any:
-            if value is None and nullable:
-                return None
-            if type(value) in exact:
-                return value
-            if len(options) == 1:
-                return options[0](value, path)  # its own error, naming the nested field
-            for option in options:  # int | str sizes: the first that fits
-                try:
-                    return option(value, path)
-                except ReportError:
-                    pass
-            _fail(path, f"expected {name}, got {_json_kind(value)}")
-
-        return union
-    if origin is Literal:
-        allowed = set(args)
-
-        def literal(value: Any, path: _Path) -> Any:
-            if not isinstance(value, str) or value not in allowed:
-                _fail(path, f"expected one of {list(args)}, got {_json_kind(value)}")
-            return value
-
-        return literal
-    if dataclasses.is_dataclass(tp):
-        return _record_decoder(tp)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        members = {m.value: m for m in tp}
-
-        def member(value: Any, path: _Path) -> Any:
-            if not isinstance(value, str) or value not in members:
-                _fail(path, f"expected one of {list(members)}, got {_json_kind(value)}")
-            return members[value]
-
-        return member
-    if origin in (list, tuple):
-        fixed = origin is tuple and not (len(args) == 2 and args[1] is Ellipsis)
-        items = [_decoder(a) for a in args] if fixed else [_decoder(args[0])] if args else [_decoder(Any)]
-
-        def sequence(value: Any, path: _Path) -> Any:
-            if not isinstance(value, list):
-                _fail(path, f"expected {name}, got {_json_kind(value)}")
-            if fixed:
-                if len(value) != len(items):
-                    _fail(path, f"expected {len(items)} items, got {len(value)}")
-                return tuple(d(v, (path, i)) for i, (d, v) in enumerate(zip(items, value)))
-            item = items[0]
-            out = [item(v, (path, i)) for i, v in enumerate(value)]
-            return tuple(out) if origin is tuple else out
-
-        return sequence
-    if origin is dict or tp is dict:
-        key, val = (_decoder(args[0]), _decoder(args[1])) if args else (_decoder(str), _decoder(Any))
-
-        def mapping(value: Any, path: _Path) -> Any:
-            if not isinstance(value, dict):
-                _fail(path, f"expected {name}, got {_json_kind(value)}")
-            return {key(k, (path, f"[{k!r}]")): val(v, (path, f"[{k!r}]")) for k, v in value.items()}
-
-        return mapping
-    if tp is float:
-
-        def real(value: Any, path: _Path) -> Any:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                _fail(path, f"expected float, got {_json_kind(value)}")
-            return float(value)
-
-        return real
-    if tp is int:
-
-        def integer(value: Any, path: _Path) -> Any:
-            if isinstance(value, bool) or not isinstance(value, int):
-                _fail(path, f"expected int, got {_json_kind(value)}")
-            return value
-
-        return integer
-
-    def plain(value: Any, path: _Path) -> Any:
-        if not isinstance(value, tp):
-            _fail(path, f"expected {name}, got {_json_kind(value)}")
-        return value
-
-    return plain
-
-
-def _record_decoder(cls: type) -> Callable[[Any, _Path], Any]:
-    fields = dataclasses.fields(cls)
-    names = {f.name for f in fields}
-    allowed = names | set(_DERIVED.get(cls.__name__, ()))
-    required = [f.name for f in fields if f.metadata.get("required")
-                or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)]
-    hints = typing.get_type_hints(cls)
-    decoders: dict[str, Callable[[Any, _Path], Any]] = {}
-
-    def record(data: Any, path: _Path) -> Any:
-        if not isinstance(data, dict):
-            _fail(path, f"expected an object, got {_json_kind(data)}")
-        if not allowed.issuperset(data):
-            _fail(path, f"unknown field(s) {sorted(set(data) - allowed)}; known: {sorted(names)}")
-        missing = [n for n in required if n not in data]
-        if missing:
-            _fail(path, f"missing field(s) {missing}")
-        if not decoders:  # filled on first use: records may refer to each other
-            decoders.update({n: _decoder(hints[n]) for n in names})
-        return cls(**{n: decoders[n](v, (path, n)) for n, v in data.items() if n in names})
-
-    return record
-
-
-def _type_name(tp: Any) -> str:
-    """How a type reads in an error: JSON's view (``list``, ``dict[str, int]``, ``int or str``)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in args if a is not type(None))
-    if origin in (list, tuple):
-        return "list"
-    if origin is dict:
-        return "dict" if args[1] is Any else f"dict[str, {_type_name(args[1])}]"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "str"
-    return getattr(tp, "__name__", None) or str(tp)
+    return _JSON.decode(tp, value, path)
 
 
 def record_to_json(record: Any) -> Any:

@@ -187,6 +187,12 @@ def recommend(rows: pl.DataFrame | Sequence[Mapping], base: LabConfig, *, source
     Raises ``ValueError`` (saying what to measure) without ``baseline`` rows or a second variant.
     """
     frame = as_frame(rows)
+    if "dtype" in frame.columns and frame["dtype"].n_unique() > 1:
+        raise ValueError(
+            f"rows of several dtypes {sorted(map(str, frame['dtype'].unique().to_list()))}: a policy is chosen per "
+            "setup, and an FP8 model crosses over at other token counts than its bf16 self; filter the rows to one "
+            "(rows.filter(pl.col('dtype') == ...))"
+        )
     pooled = medians(frame, source=source)
     tokens = complete_tokens(pooled)
     variants = [v for v in REFERENCE_VARIANTS if v in set(pooled["variant"].to_list())]

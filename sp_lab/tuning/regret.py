@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 REGRET_COLUMNS = ("num_tokens", "variant_run", "latency_us", "best_variant", "best_us", "regret_rel")
 """The columns of :func:`regret_table`, in order."""
+REGRET_HEADERS = dict(zip(REGRET_COLUMNS, ("tokens", "config runs", "its latency, us", "fastest variant",
+                                           "fastest, us", "regret"), strict=True))
+"""How a regret table's columns are headed where people read it (the tuner, the report)."""
 
 _Z95 = 1.959963984540054
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
+import torch
 from sklearn.model_selection import GroupShuffleSplit
 from sklearn.tree import DecisionTreeClassifier
 
@@ -37,12 +38,41 @@ from sp_lab.tuning.regret import one_source
 #: arithmetic intensity, the TP size and rows per chunk (the fused kernel's chunking penalty depends on
 #: them) and the weight size N*K / M*N*K (a memory-bound chunked matmul re-reads the weight per chunk).
 #: On the fixture, dropping N*K and M*N*K left trees that failed the 1%-wrong check on unseen shapes.
-DEFAULT_FEATURES = tuple(FEATURES)
+#: ``dtype_bytes`` is left out: rows of one dtype (the usual training set) hold it constant. Rows mixing bf16
+#: and FP8 matmuls are refused unless it is asked for (:func:`_check_rows`).
+DEFAULT_FEATURES = tuple(f for f in FEATURES if f != "dtype_bytes")
 LABELS = ("fuse", "no_fuse")
 REQUIRED_COLUMNS = ("m", "n", "k", "tp", "unfused_us", "fused_us")
 
 
-def _check_rows(rows: pl.DataFrame) -> pl.DataFrame:
+def dtype_bytes(dtype: str | None) -> int:
+    """Bytes of one matmul operand element for a row's ``dtype`` label: ``"bfloat16"`` 2, ``"float8_e4m3fn"``
+    and an FP8 scheme (``"fp8-rowwise"``) 1; rows without a dtype are bf16 (the microbenchmarks' default)."""
+    if dtype is None:
+        return 2
+    if dtype.startswith("fp8"):
+        return 1
+    value = getattr(torch, dtype, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(  # noqa: TRY004  (a bad value in the rows, not a wrong type of argument)
+            f"row dtype {dtype!r} is neither a torch dtype name nor an FP8 scheme ('fp8-rowwise')")
+    return value.itemsize
+
+
+def _row_widths(rows: pl.DataFrame) -> list[int]:
+    """:func:`dtype_bytes` of every row."""
+    return [dtype_bytes(d) for d in rows["dtype"].to_list()] if "dtype" in rows.columns else [2] * rows.height
+
+
+def _check_rows(rows: pl.DataFrame, feature_names: Sequence[str] = DEFAULT_FEATURES) -> pl.DataFrame:
+    if "dtype" in rows.columns and "dtype_bytes" not in feature_names:
+        widths = {dtype_bytes(d) for d in rows["dtype"].unique().to_list()}
+        if len(widths) > 1:
+            raise ValueError(
+                f"rows mix matmul dtypes {sorted(rows['dtype'].unique().to_list())}: bf16 and FP8 matmuls cross "
+                "over at different M, so one rule must not pool them blindly. Train one rule per dtype "
+                "(rows.filter(pl.col('dtype') == ...)) or add 'dtype_bytes' to feature_names"
+            )
     missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
     if missing:
         raise ValueError(f"training rows lack columns {missing}; need {REQUIRED_COLUMNS}, got {rows.columns}")
@@ -56,16 +86,18 @@ def _check_rows(rows: pl.DataFrame) -> pl.DataFrame:
     return rows
 
 
-def label_rows(rows: pl.DataFrame, margin: float = 0.02) -> pl.DataFrame:
-    """Add ``label`` ("fuse" | "no_fuse"), ``oracle_us`` = min(fused, unfused) and ``shape`` (the group key)."""
+def label_rows(rows: pl.DataFrame, margin: float = 0.02,
+               feature_names: Sequence[str] = DEFAULT_FEATURES) -> pl.DataFrame:
+    """Add ``label`` ("fuse" | "no_fuse"), ``oracle_us`` = min(fused, unfused) and ``shape`` (the group key:
+    ``(n, k, tp)`` and the operand width, so a bf16 shape and its FP8 twin are different shapes)."""
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
-    rows = _check_rows(rows)
+    rows = _check_rows(rows, feature_names)
     return rows.with_columns(
         label=pl.when(pl.col("fused_us") < pl.col("unfused_us") * (1 - margin)).then(pl.lit("fuse"))
         .otherwise(pl.lit("no_fuse")),
         oracle_us=pl.min_horizontal("fused_us", "unfused_us"),
-        shape=pl.format("N{}_K{}_tp{}", "n", "k", "tp"),
+        shape=pl.format("N{}_K{}_tp{}_b{}", "n", "k", "tp", pl.Series(_row_widths(rows))),
     )
 
 
@@ -74,8 +106,10 @@ def feature_matrix(rows: pl.DataFrame, names: Sequence[str] = DEFAULT_FEATURES) 
     unknown = [f for f in names if f not in FEATURES]
     if unknown:
         raise ValueError(f"unknown features {unknown}; allowed: {list(FEATURES)}")
-    return np.array([[features(m, n, k, tp)[f] for f in names]
-                     for m, n, k, tp in rows.select("m", "n", "k", "tp").iter_rows()], dtype=np.float64)
+    widths = _row_widths(rows)
+    return np.array([[features(m, n, k, tp, b)[f] for f in names]
+                     for (m, n, k, tp), b in zip(rows.select("m", "n", "k", "tp").iter_rows(), widths)],
+                    dtype=np.float64)
 
 
 # ------------------------------------------------------------------------------------- tree -> rule
@@ -182,8 +216,10 @@ def evaluate_rule(rule: MatmulRule, rows: pl.DataFrame, *, default: str = "no_fu
     """Regret of ``rule`` against the per-shape oracle on ``rows`` ("unsure" takes ``default``)."""
     if default not in LABELS:
         raise ValueError(f"default must be one of {LABELS} (what the compiler does when unsure), got {default!r}")
-    rows = label_rows(rows, margin)
-    decisions = [rule.decide(m, n, k, tp) for m, n, k, tp in rows.select("m", "n", "k", "tp").iter_rows()]
+    rows = label_rows(rows, margin, feature_names=tuple(FEATURES))  # the rule itself tells dtypes apart, or not
+    widths = _row_widths(rows)
+    decisions = [rule.decide(m, n, k, tp, dtype_bytes=b)
+                 for (m, n, k, tp), b in zip(rows.select("m", "n", "k", "tp").iter_rows(), widths)]
     df = rows.with_columns(decision=pl.Series(decisions, dtype=pl.Utf8)).with_columns(
         effective=pl.when(pl.col("decision") == "unsure").then(pl.lit(default)).otherwise(pl.col("decision"))
     ).with_columns(
@@ -257,7 +293,7 @@ def train_rule(
     """
     if not 1 <= max_depth <= 12:
         raise ValueError(f"max_depth={max_depth}: use 1..12 (a readable rule; 4-6 is typical)")
-    rows = label_rows(rows, margin)
+    rows = label_rows(rows, margin, feature_names)
     groups = rows["shape"].to_numpy()
     n_groups = len(set(groups))
     if n_groups < 3:

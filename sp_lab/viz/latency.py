@@ -302,7 +302,8 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
     if data.regret.height and worst == 0.0:
         fig.add_annotation(text="0% regret at every measured token count: the config runs the fastest variant",
                            xref="x2 domain", yref="y2 domain", x=0.5, y=0.6, showarrow=False, font={"size": 11})
-    fig.update_layout(title=title or f"Forward latency vs tokens (source: {sources})", height=760, width=1100,
+    # No fixed width: the figure fills the notebook's output area or the report's page instead of being cut.
+    fig.update_layout(title=title or f"Forward latency vs tokens (source: {sources})", height=760, autosize=True,
                       legend={"groupclick": "toggleitem", "orientation": "h", "yanchor": "bottom", "y": 1.06,
                               "x": 0, "font": {"size": 11}},
                       margin={"l": 70, "r": 30, "t": 150, "b": 60})

@@ -10,7 +10,8 @@ that was not listening when they passed, e.g. after a reload, never sees them.
 
 :class:`LiveFigure` avoids both. Its front-end module is a few lines (it initialises in milliseconds under any
 load); plotly.js (the copy shipped inside the plotly Python package, so nothing is fetched from the network)
-is a separate piece of the widget's state, loaded once per page by the first view that needs it, outside
+is the state of one shared widget per kernel (so a reload restores it once, not once per figure: JupyterLab
+gives the restore of all widget states 4 s), loaded once per page by the first view that needs it, outside
 anywidget's time limit. The figure itself is one synced value, the full plotly JSON: any view, created at any
 time (a reload, a second display, a slow front end), draws the figure as it is now, and each change redraws
 with ``Plotly.react``. Clicks on points come back to the kernel as messages (:meth:`LiveFigure.on_click`).
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import anywidget
+import ipywidgets
 import plotly
 import plotly.graph_objects as go
 import traitlets
@@ -35,11 +37,22 @@ __all__ = ["ClickedPoint", "LiveFigure"]
 
 _ESM = r"""
 // One plotly.js per page, shared by every view (keyed by version: two plotly packages may meet in one page).
+// Its source is the state of one shared model per kernel (``_plotly``), not of every figure: a page reload
+// restores every widget's state in one message that JupyterLab waits 4 s for.
 function loadPlotly(model) {
   const key = "__sp_lab_plotly_" + model.get("_plotly_version");
   if (!globalThis[key]) {
-    globalThis[key] = new Promise((resolve, reject) => {
-      const url = URL.createObjectURL(new Blob([model.get("_plotly_js")], {type: "text/javascript"}));
+    globalThis[key] = new Promise(async (resolve, reject) => {
+      const ref = String(model.get("_plotly")).replace("IPY_MODEL_", "");
+      let source;
+      try {
+        source = (await model.widget_manager.get_model(ref)).get("source");
+      } catch (err) {
+        delete globalThis[key];
+        reject(new Error("the plotly.js model is not in this page yet: " + err));
+        return;
+      }
+      const url = URL.createObjectURL(new Blob([source], {type: "text/javascript"}));
       const script = document.createElement("script");
       script.src = url;
       script.onload = () => { URL.revokeObjectURL(url); resolve(window.Plotly); };
@@ -78,10 +91,18 @@ export default { render };
 """
 
 
+class _PlotlyJs(anywidget.AnyWidget):
+    """plotly.js as shipped in the plotly Python package, sent to the page once per kernel (never displayed)."""
+
+    _esm = "export default {};"
+    source = traitlets.Unicode().tag(sync=True)
+
+
 @functools.cache
-def _plotly_js() -> str:
-    """plotly.js as shipped in the plotly Python package (the version its figures' JSON is written for)."""
-    return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+def _plotly_js() -> _PlotlyJs:
+    """The one plotly.js model of this kernel (the version the figures' JSON is written for)."""
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    return _PlotlyJs(source=path.read_text(encoding="utf-8"))
 
 
 class ClickedPoint(NamedTuple):
@@ -102,11 +123,11 @@ class LiveFigure(anywidget.AnyWidget):
 
     _esm = _ESM
     figure = traitlets.Dict().tag(sync=True)
-    _plotly_js = traitlets.Unicode().tag(sync=True)
+    _plotly = traitlets.Instance(_PlotlyJs).tag(sync=True, **ipywidgets.widget_serialization)
     _plotly_version = traitlets.Unicode().tag(sync=True)
 
     def __init__(self, fig: go.Figure | None = None, **kwargs: Any) -> None:
-        super().__init__(_plotly_js=_plotly_js(), _plotly_version=plotly.__version__, **kwargs)
+        super().__init__(_plotly=_plotly_js(), _plotly_version=plotly.__version__, **kwargs)
         self.current = go.Figure()
         self._click_handlers: list[Callable[[ClickedPoint], None]] = []
         self.on_msg(self._on_front_end_message)

@@ -40,8 +40,10 @@ OP_ABBREVIATIONS = {CountKey.ALL_REDUCE: "AR", CountKey.REDUCE_SCATTER: "RS", Co
 _MEANINGS = {"AR": "all-reduce", "RS": "reduce-scatter", "AG": "all-gather",
              "AG+mm": "all-gather fused into the next matmul (AsyncTP)",
              "mm+RS": "matmul fused with its reduce-scatter (AsyncTP)", "mm": "matmul"}
-ABBREVIATION_KEY = " · ".join(f"{a} = {_MEANINGS[a]}" for a in OP_ABBREVIATIONS.values()) + (
-    " · B/tok = bytes per token on one rank · N = tokens in the forward")
+ABBREVIATION_KEY = "<br>".join((
+    " · ".join(f"{a} = {_MEANINGS[a]}" for a in ("AR", "RS", "AG", "mm")),
+    " · ".join(f"{a} = {_MEANINGS[a]}" for a in ("AG+mm", "mm+RS")),
+    "B/tok = bytes per token on one rank · N = tokens in the forward"))
 """The key to every abbreviation the explorer's figures print (drawn under each of them)."""
 
 

@@ -106,7 +106,7 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
         width=min(max(900, int(drawing.x * _PX_PER_UNIT)), _MAX_WIDTH_PX),
         xaxis={"visible": False, "range": [-0.3, min(drawing.x + 0.5, _MAX_WIDTH_PX / _PX_PER_UNIT)]},
         yaxis={"visible": False, "range": [drawing.deepest - 0.2, 1.6]},
-        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 40},
+        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 70},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
     )
     return fig

@@ -108,13 +108,13 @@ class _Canvas:
         annotations.append({"text": ABBREVIATION_KEY, "xref": "paper", "yref": "paper", "x": 0, "y": 0, "yshift": -8,
                             "xanchor": "left", "yanchor": "top", "showarrow": False,
                             "font": {"size": 10, "color": "#555"}})
-        px_w, px_h = max(700, width + 60), max(300, height + 150)
+        px_w, px_h = max(700, width + 60), max(300, height + 180)
         fig.update_layout(
             title={"text": title, "font": {"size": 14}}, width=min(px_w, 1800), height=px_h, annotations=annotations,
             # One point of dot's layout = one pixel, so the 10 px labels fit the boxes dot sized for them.
             xaxis={"visible": False, "range": [-10, min(width, 1800 - 60) + 10]},
             yaxis={"visible": False, "range": [-10, height + 10]}, plot_bgcolor="white", dragmode="pan",
-            margin={"l": 20, "r": 20, "t": 90, "b": 40}, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom"},
+            margin={"l": 20, "r": 20, "t": 90, "b": 70}, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom"},
             hoverlabel={"align": "left"})
         return fig
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from sp_lab.tuning.regret import REGRET_COLUMNS, REGRET_HEADERS
 from sp_lab.vocabulary import PREDICTED, PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def _recommendation_html(rec: Recommendation) -> str:
         f"({100 * lo_t:.1f}-{100 * hi_t:.1f}%).</li>"
         f"<li>Confidence: {html.escape(rec.noise_line())}.</li>{second}</ul>"
         "<h3>Regret of the recommended config at each token count</h3>"
-        + html_table(table, percent=("regret_rel",))
+        + html_table(table.select(REGRET_COLUMNS).rename(REGRET_HEADERS), percent=(REGRET_HEADERS["regret_rel"],))
     )
 
 

@@ -40,7 +40,7 @@ import polars as pl
 from sp_lab.programs import REFERENCE_VARIANTS
 from sp_lab.tuning.export import data_hash, describe_file, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
-from sp_lab.tuning.regret import one_source, regret_table
+from sp_lab.tuning.regret import REGRET_COLUMNS, REGRET_HEADERS, one_source, regret_table
 from sp_lab.vocabulary import (
     BASELINE,
     DEFAULT_OUT,
@@ -579,8 +579,8 @@ class Tuner:
             f"<td {right}>{r['latency_us']:.1f}</td><td {left}>{r['best_variant']}</td>"
             f"<td {right}>{r['best_us']:.1f}</td><td {right}>{100 * r['regret_rel']:.1f}%</td></tr>"
             for r in table.iter_rows(named=True))
-        heads = "".join(f"<th {right if i in (0, 2, 4, 5) else left}>{h}</th>" for i, h in enumerate(
-            ("tokens", "config runs", "its latency, us", "fastest variant", "fastest, us", "regret")))
+        heads = "".join(f"<th {right if i in (0, 2, 4, 5) else left}>{REGRET_HEADERS[c]}</th>"
+                        for i, c in enumerate(REGRET_COLUMNS))
         total = float(table["regret_rel"].sum()) if table.height else float("nan")
         worst = float(table["regret_rel"].max()) if table.height else float("nan")
         said = (" <b>(from predicted rows: the performance model's choice, not measured)</b>"

@@ -139,19 +139,24 @@ class Dialogs:
         self.page = page
         self.seen: list[str] = []
 
+    ACCEPT = ("Select Kernel",)
+    """Dialogs whose right answer is their accept button: "Select Kernel" (a loaded machine's JupyterLab can ask
+    before its kernel list arrives) preselects the notebook's own kernel; its reject button means no kernel."""
+
     def dismiss(self) -> None:
-        """Close every open dialog (reject button, else Escape), recording its text."""
-        for _ in range(5):
+        """Answer every open dialog (accept for :attr:`ACCEPT`, else reject, else Escape), recording its text."""
+        for _ in range(8):
             texts = self.page.evaluate(DIALOG_JS)
             if not texts:
                 return
             self.seen.extend(texts)
-            reject = self.page.locator(".jp-Dialog .jp-mod-reject")
-            if reject.count():
-                reject.first.click()
+            accept = texts[-1].startswith(self.ACCEPT)
+            button = self.page.locator(f".jp-Dialog {'.jp-mod-accept' if accept else '.jp-mod-reject'}")
+            if button.count():
+                button.last.click()
             else:
                 self.page.keyboard.press("Escape")
-            time.sleep(0.3)
+            time.sleep(0.5)
 
     def accept(self, timeout_s: float = 20.0) -> None:
         """Wait for a dialog and press its accept button (e.g. "Restart" after Kernel > Restart)."""
@@ -191,12 +196,22 @@ def run_all_cells(page, dialogs: Dialogs | None = None) -> None:
     """Wait for the notebook and its kernel, then Run > Run All Cells; retried once if no cell starts (a click
     that lands before the kernel is connected is dropped). Dialogs in the way are dismissed and recorded."""
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
-                           "#jp-main-statusbar :text('Idle')", timeout=90_000)
     dialogs = dialogs or Dialogs(page)
+    # The kernel idle, answering any dialog on the way (a "Select Kernel" dialog would keep it from starting).
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle'], #jp-main-statusbar :text('Idle')")
+    deadline = time.monotonic() + 90
+    while not idle.count():
+        dialogs.dismiss()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the notebook's kernel was not idle within 90 s (dialogs answered: {dialogs.seen})")
+        time.sleep(1)
     for _attempt in range(2):
         dialogs.dismiss()  # a dialog (e.g. a kernel or build prompt) would intercept the menu click
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        try:
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click(timeout=10_000)
+        except sync_api.TimeoutError:  # a dialog that opened after the check: answer it, try once more
+            dialogs.dismiss()
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:
             page.wait_for_function(BUSY_JS, timeout=30_000)

@@ -106,7 +106,7 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page = browser.new_page(viewport={"width": 1500, "height": 2600})  # the whole tuner in view
             dialogs = Dialogs(page)
             # on failure: a screenshot, the dialogs met, the browser console's errors, the server log
             with failure_record(page, "tuner", tmp_path / "jupyterlab.log", dialogs):
@@ -129,7 +129,7 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                     measured = sum(len(t["x"]) for t in plots[0] if t["meta"].startswith("latency:")) if plots else 0
                     busy = page.evaluate(BUSY_JS)
                     if busy and measured:
-                        if measured >= 3 and not streamed:  # mid-sweep: the "streaming" screenshot
+                        if not streamed:  # the first points of the live sweep: the "streaming" screenshot
                             _shoot(page, "tuner_streaming.png")
                             streamed = True
                         during.append(measured)
@@ -167,7 +167,6 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                     assert ok, f"after {key}: the curve {_gated(plot)} is not what {selected} runs: {_expected(plot, selected)}"
 
                 page.add_style_tag(content=".Toastify, .jp-toast-container {display: none !important}")
-                page.set_viewport_size({"width": 1500, "height": 2600})  # the whole widget in view: nothing clipped
                 _shoot(page, "tuner.png")
 
                 # The sweep's HTML report of the rows this notebook measured (the store is the notebook's, under

@@ -84,7 +84,7 @@ class _Gate:
         if self.rule is None:
             decision, why = "fuse", "no heuristic: every matmul in the range fuses"
         else:
-            answer = self.rule.decide(m, n, k, self.tp_size)
+            answer = self.rule.decide(m, n, k, self.tp_size, dtype_bytes=val_a.dtype.itemsize)
             decision = self.default if answer == "unsure" else answer
             why = f"heuristic answered {answer!r}" + (f" -> heuristic_default {self.default!r}" if answer == "unsure" else "")
         dtype = str(val_a.dtype).removeprefix("torch.")

@@ -104,6 +104,19 @@ def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
     )
 
 
+def _row_align(graph: fx.Graph) -> int:
+    """Rows every token shard is made a multiple of: 4 where a scaled matmul takes per-token scales, else 1.
+
+    cuBLAS's row-wise FP8 kernel wants each scale pointer 16-byte aligned; a fused all_gather + scaled matmul
+    hands it one rank's chunk of the gathered ``[N, 1]`` float32 scales at byte offset ``4 * rows * rank``,
+    so shards of 4k rows keep every chunk aligned (measured on an H200: chunks of 1-2 rows fail with
+    CUBLAS_STATUS_NOT_SUPPORTED). The extra rows are zero padding, as for a count tp does not divide.
+    """
+    rowwise = any(n.target is aten._scaled_mm.default and is_tensor_node(n.args[_ROW_SCALE])
+                  and n.args[_ROW_SCALE].meta["val"].dim() == 2 for n in graph.nodes)
+    return 4 if rowwise else 1
+
+
 class _Rewriter:
     def __init__(self, graph: fx.Graph, tp_size: int, rank: int, group_name: str | None, policy: BoundaryPolicy,
                  token_dim: int = 0):
@@ -179,8 +192,11 @@ class _Rewriter:
         else:  # the sequence length S of a [B, S, ...] tensor
             self.seq = size
             self.tokens = self.b.sym(operator.mul, size, self.batch) if self.batch > 1 else size
-        self.needs_pad = not same_size(self.tokens_val % self.tp, 0)
-        chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, self.tp - 1), self.tp)
+        # Shards of row_align rows: see _row_align.
+        align = self.tp * self.row_align
+        self.needs_pad = not same_size(self.tokens_val % align, 0)
+        chunk = self.b.sym(operator.floordiv, self.b.sym(operator.add, self.tokens, align - 1), align)
+        chunk = self.b.sym(operator.mul, chunk, self.row_align) if self.row_align > 1 else chunk
         self.chunk = chunk if self.needs_pad else self.b.sym(operator.floordiv, self.tokens, self.tp)
         self.pad = self.b.sym(operator.sub, self.b.sym(operator.mul, self.chunk, self.tp), self.tokens)
         self.offset = self.b.sym(operator.mul, self.chunk, self.rank)
@@ -424,6 +440,7 @@ class _Rewriter:
         if self.group_name is None:
             self.group_name = sites[0].args[2]
             sites = [n for n in sites if n.args[2] == self.group_name]
+        self.row_align = _row_align(self.graph)
         if not self._setup_sizes(sites[0].args[0]):
             return self.result
         site_waits = {}

@@ -390,7 +390,8 @@ class KernelModel:
         if key not in self.table.dtypes():
             raise ValueError(
                 f"no measured {key} matmul table (have {self.table.dtypes()}): the model predicts from measured "
-                "single-GPU tables only; FP8 predictions need the H200 FP8 tables"
+                f"single-GPU tables only; FP8 predictions need {FP8_SINGLE_GPU_JSON.name} under data/h200/ "
+                "(benchmarks/bench_matmul_fp8_h200.py on an H200)"
             )
         self.dtype = key
         # fitted once per table and dtype (a grid search over its rows), kept on the table

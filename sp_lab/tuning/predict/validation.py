@@ -8,6 +8,7 @@ H200 tables and the datasheet / nccl-tests hardware constants.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -97,6 +98,64 @@ def predict_figure(fig: Figure) -> tuple[float | None, str]:
     raise ValueError(f"figure {fig.id!r}: unknown quantity {quantity!r}")
 
 
+def _us(x: float) -> str:
+    return f"{x:.0f} us" if x >= 10 else f"{x:.1f} us"
+
+
+def _device_terms(preds: list[Any], tp: int) -> str:
+    """The fused calls' device time, term by term, beside one plain matmul of all rows."""
+    def total(f: Any) -> float:
+        return sum(f(p) for p in preds)
+    return (f"{tp} chunk matmuls {_us(total(lambda p: p.pipeline.compute_us))} (one matmul of all rows: "
+            f"{_us(total(lambda p: p.mm_us))}), waiting for copies {_us(total(lambda p: p.pipeline.stall_us))}, "
+            f"contention {_us(total(lambda p: p.pipeline.contention_us))}, drain "
+            f"{_us(total(lambda p: p.pipeline.drain_us))}, the fused op's own cost {_us(total(lambda p: p.overhead_us))}")
+
+
+def miss_breakdown(fig: Figure) -> str:
+    """What the model's value for ``fig`` is made of, term by term (for reading a miss): per fused call the
+    plain matmul, collective and host floor against the chunk matmuls, pipeline fill, contention, drain, the fused
+    op's own cost and its host floor; per layer the variants' totals and the same fused terms. Same inputs as
+    :func:`predict_figure`; nothing here is fitted."""
+    s = fig.setup
+    target = Target.of(s["gpu"], dtype=s.get("dtype", "bfloat16"), timing=s.get("timing", "graph"))
+    try:
+        kernels = KernelModel(default_table(), target.gpu, target.dtype)
+    except ValueError:
+        return ""
+    if s["quantity"] in ("fused_speedup", "fused_added_us"):
+        shapes, hidden = _shapes(s)
+        preds = [predict_matmul(kernels, target, shape, s["tokens"], s["tp"], hidden) for shape in shapes]
+
+        def total(f: Any) -> float:
+            return sum(f(p) for p in preds)
+        device = total(lambda p: p.pipeline.total_us + p.overhead_us)
+        host_fused = total(lambda p: p.host_us["fused"])
+        text = (f"{' + '.join(p.shape.name for p in preds)} at M = {s['tokens']} on {target.gpu.label}, "
+                f"{target.timing} timing: unfused {_us(total(lambda p: p.unfused_us))} = matmul "
+                f"{_us(total(lambda p: p.mm_us))}"
+                + (f" (host floor {_us(total(lambda p: p.host_us['mm']))})" if target.timing == "eager" else "")
+                + f" + {shapes[0].collective} {_us(total(lambda p: p.comm_us))}; fused {_us(total(lambda p: p.fused_us))}"
+                + (f" = host floor {_us(host_fused)} (device time {_us(device)})" if host_fused > device else "")
+                + f"; device time: {_device_terms(preds, s['tp'])}")
+        if target.timing == "eager":
+            graph, _ = predict_figure(dataclasses.replace(fig, setup={**s, "timing": "graph"}))
+            text += f". Timed as device time (CUDA graphs) instead: {_fmt(graph, fig.unit)}"
+        return text + "."
+    if s["quantity"] == "layer_speedup":
+        rows = predict_layers(s["model"], s["tp"], [s["tokens"]], target, num_layers=1, full_layer=True)
+        r = {row["variant"]: row for row in rows.iter_rows(named=True)}
+        a, b = r[s["against"]], r[s["variant"]]
+        hidden = _spec_dims(s["model"])["hidden_size"]
+        preds = [predict_matmul(kernels, target, shape, s["tokens"], s["tp"], hidden)
+                 for shape in tp_matmul_shapes(s["model"], s["tp"])]
+        return (f"one {s['model']} layer at {s['tokens']} tokens on {s['tp']}x {target.gpu.label}: {s['against']} "
+                f"matmuls {_us(a['matmul_us'])} + collectives {_us(a['comm_us'])} + norms {_us(a['norm_us'])}; "
+                f"{s['variant']} fused calls {_us(b['matmul_us'])} + norms {_us(b['norm_us'])}, the fused calls being "
+                f"{_device_terms(preds, s['tp'])}; attention and activation {_us(a['same_in_all_us'])} in both.")
+    return ""
+
+
 def _verdict(fig: Figure, predicted: float | None) -> tuple[float | None, str]:
     if predicted is None:
         return None, "not predicted"
@@ -104,6 +163,10 @@ def _verdict(fig: Figure, predicted: float | None) -> tuple[float | None, str]:
         ratio = predicted / fig.published
         return ratio - 1.0, "hit" if 1 / CROSSOVER_FACTOR <= ratio <= CROSSOVER_FACTOR else "miss"
     error = predicted / fig.published - 1.0
+    if fig.setup.get("published_is") == "lower_bound":
+        # the model's quantity is at least the published one: under it, the true error is this or worse;
+        # at or above it, the prediction is consistent with the figure
+        return error, "hit" if error >= 0 else "undecided" if error >= -SPEEDUP_TOLERANCE else "miss"
     return error, "hit" if abs(error) <= SPEEDUP_TOLERANCE else "miss"
 
 
@@ -138,11 +201,20 @@ def validation_markdown(table: pl.DataFrame) -> str:
         lines.append(f"| {r['claim']} [{r['id']}] | {r['gpu']} | {_fmt(r['published'], r['unit'])} | {pred} | "
                      f"{err} | {r['verdict']} |")
     hits = table.filter(pl.col("verdict") == "hit").height
+    undecided = table.filter(pl.col("verdict") == "undecided").height
     judged = table.filter(pl.col("verdict") != "not predicted").height
     lines += ["", (f"{hits} of {judged} predicted figures within target (speedups +-{100 * SPEEDUP_TOLERANCE:.0f}%, "
-              f"crossovers within {CROSSOVER_FACTOR:.0f}x)."), "", "Sources and how each setup differs:", ""]
+              f"crossovers within {CROSSOVER_FACTOR:.0f}x)"
+              + (f"; {undecided} undecided: under a published value that is only a lower bound for the model's "
+                 "quantity (a training step gains less than its decoder layers), so at least that far low" if undecided
+                 else "") + "."), "", "Sources and how each setup differs:", ""]
     for r in table.iter_rows(named=True):
         lines.append(f"- **{r['id']}**: [{r['source']}]({r['url']}). {r['differences']}")
+    misses = {r["id"] for r in table.iter_rows(named=True) if r["verdict"] in ("miss", "undecided")}
+    made_of = [(f.id, miss_breakdown(f)) for f in figures() if f.id in misses]
+    if any(text for _, text in made_of):
+        lines += ["", "What each missed or undecided prediction is made of (the model's own terms, same inputs):", ""]
+        lines += [f"- **{fid}**: {text}" for fid, text in made_of if text]
     return "\n".join(lines) + "\n"
 
 
@@ -199,9 +271,14 @@ Ingredients, and where each comes from:
 - **The crossover band**: the crossover re-predicted with bandwidths x0.8 and x1.25, alphas x0.5 and x2, and
   contention off and doubled, one at a time; the band is the smallest and largest crossover seen.
 
+- **FP8** (`--dtype fp8`: rowwise scales, as vLLM; `fp8-tensorwise`: one scale per tensor, as torchtitan):
+  `torch._scaled_mm` times measured on the H200 at the same shard shapes (`data/h200/matmul_fp8_single_gpu.json`;
+  rowwise also chunked; tensorwise chunks are tensorwise matmuls of M / tp rows), roofline fitted per dtype for
+  other shapes; all_gathers move FP8 bytes, reduce_scatters bf16 outputs; the fused op's own cost is the bf16
+  staging line at the FP8 byte count (no FP8 one-rank measurement); activation quantisation is not timed.
+
 Not modelled: embeddings, the LM head (except in the tp 1 check below), NVLink SHARP collectives, multi-node
-traffic, power limits, and FP8 (predicted once measured FP8 matmul tables are shipped; the dtype is part of
-every lookup already).
+traffic, power limits.
 
 ## Against published multi-GPU figures
 
@@ -229,7 +306,11 @@ _PAGE_TAIL = """
   the model is less pessimistic than the published figure.
 - Benchmark method matters most at small token counts: eager calls pay ~0.2-0.33 ms of host time per fused op,
   so a published ratio there depends on the benchmark's own per-call overhead; the added time per call is the
-  comparable quantity.
+  comparable quantity. The term-by-term list under the table shows, for each miss, whether the model's value
+  is set by that host floor or by device time. Timed as device time (CUDA graphs) the vLLM #37489 ratios move
+  towards the published ones but stay misses: the chunk matmuls' weight re-reads, measured on the H200, cost
+  more than the hidden all_gather at those sizes.
+- No term was adjusted to close a miss: a published figure decides nothing in the model.
 - Training figures (PyTorch's post, torchtitan) are end-to-end or forward-only training steps with backward,
   recomputation, FSDP and the optimizer; the model predicts one forward decoder layer.
 - Blackwell (B200) kernel times are H200 measurements scaled by datasheet peaks: the fused ops were never timed
