@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -370,11 +371,12 @@ def _pass_numerics_worker() -> dict[str, dict[str, Any]]:
     return results
 
 
-@pytest.fixture(scope="module")
-def gloo_passes() -> list[dict[str, dict[str, Any]]]:
-    import sp_lab
+rank_checks.register(__name__, _pass_numerics_worker, timeout=300.0)
 
-    return sp_lab.launch(_pass_numerics_worker, world_size=TP, backend="gloo", timeout=300.0)
+
+@pytest.fixture(scope="module")
+def gloo_passes(gloo_checks) -> list[dict[str, dict[str, Any]]]:
+    return rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("case", [f"{n}/{t}" for n in NUMERIC_PASS_CASES for t in ("sp", "sp+async_tp")])

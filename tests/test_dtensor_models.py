@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 import torch.distributed as dist
 from tp_models import ATTENTION_OP, TinyTitan, parallel_titan
@@ -205,9 +206,12 @@ def _numerics_worker(cases) -> dict[str, Any]:
     return results
 
 
+rank_checks.register(__name__, _numerics_worker, NUMERIC_CASES, timeout=900.0)
+
+
 @pytest.fixture(scope="module")
-def gloo() -> list[dict[str, Any]]:
-    return sp_lab.launch(_numerics_worker, NUMERIC_CASES, world_size=TP, timeout=900.0)
+def gloo(gloo_checks) -> list[dict[str, Any]]:
+    return rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: _label(*c))

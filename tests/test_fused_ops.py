@@ -11,10 +11,10 @@ import warnings
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 import torch.distributed as dist
 
-import sp_lab
 from sp_lab.compiler import fused_ops
 from sp_lab.distributed.collectives import all_gather_single, reduce_scatter_single
 
@@ -54,9 +54,12 @@ def _fused_ops_worker() -> dict[str, Any]:
     return out
 
 
+rank_checks.register(__name__, _fused_ops_worker, timeout=300.0)
+
+
 @pytest.fixture(scope="module")
-def ranks() -> list[dict[str, Any]]:
-    return sp_lab.launch(_fused_ops_worker, world_size=TP, timeout=300.0)
+def ranks(gloo_checks) -> list[dict[str, Any]]:
+    return rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32])

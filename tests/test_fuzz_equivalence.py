@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 import torch.distributed as dist
 
@@ -430,9 +431,13 @@ def test_generator_is_deterministic_and_covers_what_the_issue_asks():
         assert FuzzCase.from_json(case.to_json()) == case
 
 
+assert {case.tp for case in CI_CASES} == {rank_checks.WORLD_SIZE}, "the CI cases run in the shared 2-rank launch"
+rank_checks.register(__name__, _run_cases_on_rank, CI_CASES, timeout=580.0)
+
+
 @pytest.fixture(scope="module")
-def ci_results() -> list[dict[int, dict[str, Any]]]:
-    return _launch(CI_CASES)
+def ci_results(gloo_checks) -> list[dict[int, dict[str, Any]]]:
+    return rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("case", CI_CASES, ids=lambda c: c.label)

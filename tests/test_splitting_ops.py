@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -204,9 +205,12 @@ def _outcome(compiled: sp_lab.CompiledModel, diffs: dict[int, float]) -> dict[st
     }
 
 
+rank_checks.register(__name__, _worker, timeout=600.0)
+
+
 @pytest.fixture(scope="module")
-def gloo() -> list[dict[str, Any]]:
-    return sp_lab.launch(_worker, world_size=TP, timeout=600.0)
+def gloo(gloo_checks) -> list[dict[str, Any]]:
+    return rank_checks.results_of(gloo_checks, __name__)
 
 
 @pytest.mark.parametrize("label", [c[0] for c in CASES])

@@ -1,0 +1,87 @@
+"""One launch of 2 gloo ranks for the rank checks of several test modules.
+
+Every ``sp_lab.launch`` starts two interpreters, and each pays Inductor's start-up at its first compile (about
+7 s on an idle 2-core machine, 20-30 s under load) before its checks run. A test module registers its rank
+function at import instead of launching it itself::
+
+    rank_checks.register(__name__, _numerics_worker, NUMERIC_CASES, timeout=900.0)
+
+and its fixture reads its own results from the session's one launch (the ``gloo_checks`` fixture of
+``tests/conftest.py``)::
+
+    @pytest.fixture(scope="module")
+    def gloo(gloo_checks):
+        return rank_checks.results_of(gloo_checks, __name__)
+
+The launch runs the functions of the modules that have selected tests, one after the other, with Dynamo reset
+between them. A function that raises fails only its own module's tests (with the rank's traceback); the others'
+results stand.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+WORLD_SIZE = 2
+
+_REGISTERED: dict[str, tuple[Callable[..., Any], tuple | Callable[[], tuple], float]] = {}
+
+
+def register(module: str, fn: Callable[..., Any], *args: Any, timeout: float,
+             prepare: Callable[[], tuple] | None = None) -> None:
+    """Run ``fn(*args)`` on every rank of the shared launch for the tests of ``module`` (its ``__name__``).
+
+    ``prepare``: called in the test process just before the launch, returns the arguments instead of ``args``
+    (e.g. the path of a checkpoint it wrote, which must not be written at import)."""
+    _REGISTERED[module] = (fn, prepare if prepare is not None else args, timeout)
+
+
+def total_timeout() -> float:
+    """The shared launch's longest run: the timeouts of every registered check, added."""
+    return sum(timeout for _, _, timeout in _REGISTERED.values())
+
+
+def _run_on_rank(checks: list[tuple[str, Callable[..., Any], tuple]]) -> dict[str, tuple[bool, Any, float]]:
+    """On each rank: every check in turn -> ``{module: (ok, result or traceback, seconds)}``."""
+    import torch
+
+    out = {}
+    for module, fn, args in checks:
+        torch._dynamo.reset()  # each module's checks start from a clean Dynamo, as in a launch of their own
+        start = time.monotonic()
+        try:
+            out[module] = (True, fn(*args), time.monotonic() - start)
+        except Exception:  # noqa: BLE001 - reported to that module's tests, the others go on
+            out[module] = (False, traceback.format_exc(), time.monotonic() - start)
+    return out
+
+
+def launch_for(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
+    """One launch running the registered checks of ``modules``; per rank, ``{module: (ok, result, seconds)}``."""
+    import sp_lab
+
+    checks = []
+    for m in sorted(set(modules) & set(_REGISTERED)):
+        fn, args, _ = _REGISTERED[m]
+        checks.append((m, fn, args() if callable(args) else args))
+    if not checks:
+        return [{} for _ in range(WORLD_SIZE)]
+    timeout = sum(_REGISTERED[m][2] for m, _, _ in checks)
+    return sp_lab.launch(_run_on_rank, checks, world_size=WORLD_SIZE, backend="gloo", timeout=timeout)
+
+
+def results_of(per_rank: list[dict[str, tuple[bool, Any, float]]], module: str) -> list[Any]:
+    """``module``'s results, one per rank; raises with the rank's traceback if its checks raised there."""
+    results = []
+    for rank, checks in enumerate(per_rank):
+        if module not in checks:
+            raise RuntimeError(f"{module} registered no rank checks (rank_checks.register at import) or was not "
+                               "selected when the shared launch started")
+        ok, value, _ = checks[module]
+        if not ok:
+            raise RuntimeError(f"the rank checks of {module} raised on rank {rank}:\n{value}")
+        results.append(value)
+    return results
