@@ -12,6 +12,7 @@ Run::
 
     python benchmarks/bench_sweep.py                      # toy, tp=2, 10 token counts, 3 variants
     python benchmarks/bench_sweep.py --tokens 1,64 --json out/bench_sweep.json
+    python benchmarks/bench_sweep.py --cache-dir /tmp/c  # twice: the first point cold, then warm
 
 Each run writes to a fresh store (a temporary directory unless ``--store``), so nothing is resumed.
 """
@@ -45,7 +46,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--store", type=Path, default=None, help="default: a fresh temporary directory")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="Inductor's and sp_lab's caches under this directory (inductor/, sp_lab/): empty for a "
+                             "cold start, run again for a warm one (default: whatever the environment says)")
     args = parser.parse_args()
+    if args.cache_dir is not None:
+        # The ranks inherit this environment.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.cache_dir / "inductor")
+        os.environ["SP_LAB_CACHE_DIR"] = str(args.cache_dir / "sp_lab")
 
     from sp_lab.config import LabConfig
 
@@ -83,6 +91,7 @@ def main() -> int:
         "wall_s": round(wall_s, 2),
         "first_row_on_disk_s": round(on_disk[0], 2) if on_disk else None,
         "first_on_row_callback_s": round(arrivals[0], 2) if arrivals else None,
+        "caches": str(args.cache_dir) if args.cache_dir is not None else "from the environment",
         "median_gap_between_rows_s": round(statistics.median(gaps), 2) if gaps else None,
         "max_gap_between_rows_s": round(max(gaps), 2) if gaps else None,
         "fusion_missing_rows": int(df["fusion_missing"].sum()),

@@ -12,7 +12,7 @@ def test_many_compiles_of_one_model_stay_compiled():
         with fake_process_group(2):
             model = sp_lab.models.build("toy", tp_rank=0, tp_size=2)
             config = sp_lab.LabConfig(tp_size=2, async_tp_min_tokens=8, max_num_tokens=64)
-            for _ in range(5):  # 5 compiles x 2 Dynamo graphs (1 token, symbolic) = 10 > the default limit of 8
+            for _ in range(5):  # 5 compiles of one forward; once 2 Dynamo graphs each, 10 > the default limit of 8
                 compiled = sp_lab.compile(model, config)
                 compiled(torch.arange(1))
                 compiled(torch.arange(5))

@@ -1,5 +1,5 @@
 """What the compiler writes into the CompileReport: records filled by the passes, the model's names for
-boundary tensors in every strategy, one entry per Dynamo graph, and failures translated only when verified.
+boundary tensors in every strategy, one Dynamo capture per model, and failures translated only when verified.
 
 Compiles are inspect-only (meta-device models under the fake group: capture, split and every pass run as in
 a real compile, no code generation), so the whole file costs about 12 small compiles, shared by module
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import sp_lab
-from sp_lab.compiler import inspection
+from sp_lab.compiler import capture, inspection
 from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, guard_inputs
 from sp_lab.compiler.passes import post_grad
 from sp_lab.compiler.ranges import CompileRange
@@ -176,42 +176,50 @@ def test_recorded_counts_are_keyed_by_the_code_that_counts(tmp_path, monkeypatch
     assert sp_pass.uuid() != before
 
 
-# -- every Dynamo graph its own entry -----------------------------------------------------------------------
+# -- one Dynamo capture per model ---------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def two_graphs() -> tuple[CompileReport, float]:
+def one_capture() -> tuple[CompileReport, float, int]:
+    """The toy at 1, 5, 12 and 6 tokens; then Dynamo's caches dropped and 3 and 20 tokens asked."""
     with fake_process_group(TP):
         torch._dynamo.reset()
         model = sp_lab.models.build("toy", tp_rank=0, tp_size=TP, device="meta")
         compiled = sp_lab.compile(model, _config("gather"))
+        captures = capture.counters["captures"]
         start = time.perf_counter()
-        for n in (1, 5, 12, 6):  # 1 token is its own Dynamo graph; 5 and 6 share the symbolic [1, 7] artifact
+        for n in (1, 5, 12, 6):  # 1 token included: the capture's token count is symbolic from the first call
             compiled(torch.arange(n, device="meta"))
         wall = time.perf_counter() - start
+        # Calls never go through Dynamo again: with its caches gone, a call that did would be traced afresh.
+        torch._dynamo.reset()
+        for n in (3, 20):
+            compiled(torch.arange(n, device="meta"))
+        captures = capture.counters["captures"] - captures
     torch._dynamo.reset()
-    return compiled.report, wall
+    return compiled.report, wall, captures
 
 
-def test_each_dynamo_graph_keeps_its_own_range_entry(two_graphs):
-    report, _ = two_graphs
-    assert [(g.index, g.static_tokens) for g in report.graphs] == [(0, 1), (1, None)]
+def test_one_dynamo_capture_serves_every_token_count(one_capture):
+    report, _, captures = one_capture
+    assert captures == 1
+    assert [(g.index, g.static_tokens) for g in report.graphs] == [(0, None)]
     entries = [(r.lo, r.hi, r.dynamo_graph, r.static_tokens, r.compiled) for r in report.ranges]
-    assert entries == [(1, 7, 0, 1, True), (1, 7, 1, None, True), (8, 64, 1, None, True)]
-    assert report.range_for(1).static_tokens == 1 and report.range_for(5).static_tokens is None
+    assert entries == [(1, 7, 0, None, True), (8, 64, 0, None, True)]
+    assert report.range_for(1) is report.range_for(5)
     assert all(r.compile_time_s > 0 for r in report.ranges)
     again = CompileReport.from_json(report.to_json())
     assert again.to_dict() == report.to_dict()
 
 
-def test_compile_times_add_up_to_what_the_first_calls_cost(two_graphs):
-    report, wall = two_graphs
+def test_compile_times_add_up_to_what_the_first_calls_cost(one_capture):
+    report, wall, _ = one_capture
     assert all(g.capture_time_s > 0 for g in report.graphs)
     # Captures + range compiles == the calls' wall time, less only the (meta-device) forwards themselves.
     assert 0.9 * wall <= report.compile_time_s <= wall, (report.compile_time_s, wall)
 
 
-def test_recompile_limit_is_raised_only_inside_sp_labs_calls(two_graphs):
+def test_dynamo_recompile_limit_is_left_alone(one_capture):
     assert torch._dynamo.config.recompile_limit == 8
 
 
@@ -272,11 +280,12 @@ class _TwoNorms(torch.nn.Module):
 
 def test_an_inductor_cache_hit_replays_the_pass_record(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # cold, and ours alone
+    monkeypatch.setenv("SP_LAB_CACHE_DIR", str(tmp_path / "sp_lab"))  # where the records are kept
     records = []
     with fake_process_group(TP):
         for attempt in range(3):
             if attempt == 2:  # the side file lost: the piece compiles again with the cache off
-                for side_file in (tmp_path / "sp_lab_piece_records").glob("*.json"):
+                for side_file in (tmp_path / "sp_lab" / "sp_lab_piece_records").glob("*.json"):
                     side_file.unlink()
             torch._dynamo.reset()
             compiled = sp_lab.compile(_TwoNorms(), _config("gather"))

@@ -36,6 +36,7 @@ from sp_lab.bench.sweep import (
     variant_config,
 )
 from sp_lab.bench.timing import reduce_across_ranks, time_cpu, time_cuda, time_fn
+from sp_lab.compiler.ranges import CompileRange
 from sp_lab.config import LabConfig
 from sp_lab.distributed.launch import RankError
 from sp_lab.models import ModelSpec
@@ -547,3 +548,54 @@ def test_a_real_sweep_records_the_fused_ops_the_compiler_emitted(real_toy_sweep)
         assert fused["sp_rewrites"] == 2 * layers + 1 and fused["fusion_fired"]
         assert (fused["n_fused_ag_mm"], fused["n_fused_mm_rs"]) == (2 * layers + 1, 2 * layers)
         assert (fused["n_all_reduce"], fused["n_reduce_scatter"]) == (0, 1)
+
+
+# ------------------------------------------------------------------------------------------------ first point sooner
+class CompilingCompiled(RecordingCompiled):
+    """Compiles a range on its first call at a count in it, like CompiledModel (``pending_compile``), and logs
+    ``("compile", variant, T, what the store's progress said)`` for it."""
+
+    store: typing.ClassVar[SweepStore | None] = None
+    sweep_id: typing.ClassVar[str] = ""
+
+    def __init__(self, model, config, variant):
+        super().__init__(model, config, variant)
+        self.compiled: set[tuple[int, int]] = set()
+
+    def pending_compile(self, num_tokens):
+        lo, hi = self.report.config.range_for(num_tokens)
+        rng = CompileRange(lo, hi, enable_sp=False, enable_async_tp=False)
+        return None if (lo, hi) in self.compiled else rng
+
+    def __call__(self, input_ids):
+        t = int(input_ids.shape[0])
+        if self.pending_compile(t) is not None:
+            self.compiled.add(self.report.config.range_for(t))
+            said = CompilingCompiled.store.plan_doing(CompilingCompiled.sweep_id)
+            RecordingCompiled.log.append(("compile", self.variant, t, said))
+        return super().__call__(input_ids)
+
+
+def test_a_variant_is_measured_as_soon_as_it_is_compiled_and_the_bar_says_what_compiles(tmp_path):
+    names = iter(["baseline", "sp", "sp+async_tp"])
+    RecordingCompiled.log = []
+    CompilingCompiled.store, CompilingCompiled.sweep_id = SweepStore(tmp_path), "first-point"
+    rows_at: list[int] = []
+    config = LabConfig(tp_size=1, async_tp_min_tokens=8, max_num_tokens=64)  # ranges [1, 7] and [8, 64]
+    result = run_sweep("stand-in", token_counts=[2, 4], store_dir=tmp_path, config=config, sweep_id="first-point",
+                       variants=["baseline", "sp", "sp+async_tp"], warmup=0, repeats=3, max_repeats=3,
+                       progress=False, build_fn=stand_in_build, on_row=lambda row: rows_at.append(len(RecordingCompiled.log)),
+                       compile_fn=lambda model, cfg: CompilingCompiled(model, cfg, next(names)))
+    log = RecordingCompiled.log
+    compiles = [(i, entry) for i, entry in enumerate(log) if entry[0] == "compile"]
+    # One compile per variant, all at the first point; each said on the progress line while it ran.
+    assert [(v, t) for _, (_, v, t, _) in compiles] == [("baseline", 2), ("sp", 2), ("sp+async_tp", 2)]
+    # baseline keeps the threshold's split; the SP variants run their program from 1 token: one range.
+    assert [said for _, (*_, said) in compiles] == [
+        "compiling baseline [1, 7] for T=2", "compiling sp [1, 64] for T=2", "compiling sp+async_tp [1, 64] for T=2"]
+    # The first row is on disk before the second variant compiles, the second before the third.
+    assert rows_at[0] <= compiles[1][0] and rows_at[1] <= compiles[2][0]
+    # At 4 tokens every variant's range is compiled: measured together, interleaved in rotating order.
+    at_4 = [v for v, t in (e for e in log if e[0] != "compile") if t == 4][3:]
+    assert at_4[:6] == ["baseline", "sp", "sp+async_tp", "sp", "sp+async_tp", "baseline"]
+    assert len(result.rows) == 6

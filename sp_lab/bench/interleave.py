@@ -89,12 +89,15 @@ class StopRule:
 
 
 def interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.device, warmup: int,
-                cuda_graph: bool, stop: StopRule) -> dict[str, PointTiming]:
+                cuda_graph: bool, stop: StopRule, share: float = 1.0, ends_point: bool = True) -> dict[str, PointTiming]:
     """Time ``calls`` (variant -> callable at one token count) in rotating turns until ``stop`` says so.
 
     Collective: every rank calls it with the same variants. Each round times one call of every variant,
     the order shifted by one each round; the slowest rank's time per call is the step's. Rank 0's clock
     and decision are broadcast, so every rank leaves the loop after the same round.
+
+    A token count measured in batches (variants compiled one after the other) gives each batch ``share`` of
+    what is left of its time budget; the last (``ends_point``) closes the token count.
     """
     names = list(calls)
     for fn in calls.values():
@@ -102,18 +105,21 @@ def interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.devic
     samplers = {v: CallSampler(fn, device=device, warmup=warmup, cuda_graph=cuda_graph)
                 for v, fn in calls.items()}
     steps: dict[str, list[float]] = {v: [] for v in names}
-    share, start, rounds, why = stop.share_s(), time.monotonic(), 0, None
+    share_s = stop.share_s()
+    share_s = None if share_s is None else share * share_s
+    start, rounds, why = time.monotonic(), 0, None
     while why is None:
         order = names[rounds % len(names):] + names[:rounds % len(names)]
         mine = {v: samplers[v].sample() for v in order}
         for v, us in _slowest_rank(mine).items():
             steps[v].append(us)
         rounds += 1
-        why = broadcast(stop.reason(steps, time.monotonic() - start, share))
+        why = broadcast(stop.reason(steps, time.monotonic() - start, share_s))
     for sampler in samplers.values():
         sampler.finish()
     stop.spent_s += time.monotonic() - start
-    stop.points_left -= 1
+    if ends_point:
+        stop.points_left -= 1
     return {v: PointTiming(samples_us=tuple(steps[v]), method=samplers[v].method,
                            note="; ".join(n for n in (samplers[v].note, why) if n)) for v in names}
 

@@ -449,13 +449,21 @@ class SweepStore:
             claims.pop(name).release()
         return claims
 
-    def record_plan(self, sweep_id: str, points: int) -> None:
-        """Say how many points sweep ``sweep_id`` is going to measure (read by a watcher's progress bar)."""
+    def record_plan(self, sweep_id: str, points: int, doing: str = "") -> None:
+        """Say how many points sweep ``sweep_id`` is going to measure and what it is doing now (``"compiling sp
+        [16, 256] for T=16"``), for a watcher's progress bar."""
         directory = self.path / PLANS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{sweep_id}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"points": int(points)}))
+        tmp.write_text(json.dumps({"points": int(points), "doing": doing}))
         os.replace(tmp, directory / f"{sweep_id}.json")
+
+    def plan_doing(self, sweep_id: str) -> str:
+        """What sweep ``sweep_id`` last said it was doing (``""``: nothing said, or no plan)."""
+        try:
+            return str(json.loads((self.path / PLANS_DIR / f"{sweep_id}.json").read_text()).get("doing", ""))
+        except FileNotFoundError:
+            return ""
 
     def planned_points(self, sweep_id: str) -> int | None:
         """The last :meth:`record_plan` of ``sweep_id``, or ``None`` before the sweep has planned."""

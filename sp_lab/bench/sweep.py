@@ -10,9 +10,18 @@ plain process for tp=1). All ranks build and compile the same model and time the
 timings are combined across ranks (the slowest rank's median) and rank 0 appends one row per
 (variant, token count) to a :class:`~sp_lab.bench.store.SweepStore` as soon as it is measured.
 
-Resume: before measuring, rank 0 reads the keys already in the store (:data:`KEY_COLUMNS`) and
-every rank skips them, so a sweep that was killed part-way picks up where it stopped; a variant whose
-token counts are all done is not even compiled.
+A sweep, step by step (:func:`run_sweep`):
+
+1. **Plan the points** (``_plan_points``): before measuring, rank 0 reads the keys already in the store
+   (:data:`KEY_COLUMNS`) and every rank skips them, so a sweep that was killed part-way picks up where it
+   stopped; a variant whose token counts are all done is not even compiled.
+2. **Claim or skip** each token count's points (``_claim_or_skip``): one measurement per point across
+   concurrent sweeps of one store.
+3. **Measure the point** (``_measure_point``): a variant compiles only the range the point needs, when the
+   point needs it. The variants already compiled for it are measured together, interleaved; each one still
+   to compile is compiled (the progress bar says which variant and range) and measured as soon as it is,
+   so the first row is on screen after one compile, not after every variant's.
+4. **Record the rows** (``_record_rows``): rank 0 appends each row as soon as it is measured.
 
 Honesty: every row records what actually ran at its token count (SP rewrites and collective / fused
 op counts from the :class:`CompileReport`). If the variant's transformation was expected and did not
@@ -32,7 +41,7 @@ import platform
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -195,7 +204,8 @@ def run_sweep(
 
     Variants are measured **interleaved**: at one token count, each variant is called in turn and the
     order rotates every round, so a machine that slows down for a minute slows every variant alike
-    instead of whichever was being measured in its block. Rounds repeat until the 95% confidence
+    instead of whichever was being measured in its block. A variant that must first compile the point's
+    range is measured right after its compile, on its own (the others are not kept waiting for it). Rounds repeat until the 95% confidence
     interval of every variant's median is within ``ci_width`` of it (relative full width), after at least
     ``repeats`` and at most ``max_repeats`` calls, or until this token count's share of ``budget_s`` is
     spent. A call's latency is that of the slowest rank (the ranks start each call together).
@@ -230,6 +240,55 @@ def run_sweep(
         A :class:`SweepResult`: the rows written (rank 0) and how many points were already done.
     """
     rank, world, backend = _world()
+    tokens, max_repeats, config = _checked(tp_size, world, token_counts, variants, repeats, max_repeats, ci_width,
+                                           budget_s, config)
+    torch_dtype = _resolve_dtype(dtype)
+    device = torch.device(device) if device is not None else _default_device(backend)
+    sweep_id = broadcast(sweep_id or uuid.uuid4().hex)
+    store = SweepStore(Path(store_dir))
+    model = (build_fn or _default_build)(
+        model_name, tp_rank=rank, tp_size=world, num_layers=num_layers, dtype=torch_dtype, device=device,
+        seed=seed, **dict(model_overrides or {}),
+    )
+    base = _row_base(model.spec, sweep_id, torch_dtype, world, device, backend, warmup)
+    seen = set(store.parts()) if rank == 0 else set()  # parts after these are checked before each claim
+    plan = _plan_points(store, base, {v: variant_config(v, config, tp_size=world) for v in variants}, tokens, rank)
+    progress = _Progress(store, sweep_id, plan.planned, enabled=progress and rank == 0, rank=rank)
+    # Nothing compiles here: each variant compiles a range on its first call at a count in it (_measure_point).
+    compiled = {v: (compile_fn or _default_compile)(model, plan.configs[v]) for v in plan.needed}
+    stop = StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
+                    points_left=len(plan.pending))
+    written: list[dict[str, Any]] = []
+    claims: dict = {}
+    try:
+        for t, todo in plan.pending.items():
+            claims, claimed = _claim_or_skip(store, plan, t, todo, seen, progress, rank)
+            if not claimed:
+                stop.points_left -= 1
+                continue
+            # same seed on every rank: TP ranks must see the same tokens
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
+            input_ids = torch.randint(0, model.spec.vocab_size, (t,), generator=gen).to(device)
+            for timings in _measure_point(compiled, claimed, input_ids, progress, device=device, warmup=warmup,
+                                          cuda_graph=cuda_graph, stop=stop):
+                written += _record_rows(store, base, plan, compiled, t, timings, progress, on_row, rank)
+            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
+        if reports_dir is not None and rank == 0:
+            Path(reports_dir).mkdir(parents=True, exist_ok=True)
+            for v in plan.needed:
+                (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
+    finally:
+        release_claims(claims)
+        progress.close()
+    return SweepResult(rows=written, skipped=plan.skipped, store_dir=str(store.path), sweep_id=sweep_id,
+                       elsewhere=progress.elsewhere)
+
+
+def _checked(
+    tp_size: int | None, world: int, token_counts: Sequence[int], variants: Sequence[str], repeats: int,
+    max_repeats: int | None, ci_width: float, budget_s: float | None, config: LabConfig | None,
+) -> tuple[list[int], int, LabConfig]:
+    """The arguments refused with what would work, or ``(token counts sorted, max_repeats, config)``."""
     if tp_size is not None and tp_size != world:
         raise ValueError(
             f"tp_size={tp_size} but the process group has world_size={world}: TP spans the whole group. "
@@ -255,34 +314,21 @@ def run_sweep(
             f"token counts {too_many} exceed config.max_num_tokens={config.max_num_tokens}; "
             "raise LabConfig.max_num_tokens or drop them"
         )
-    torch_dtype = _resolve_dtype(dtype)
-    device = torch.device(device) if device is not None else _default_device(backend)
-    build_fn = build_fn or _default_build
-    compile_fn = compile_fn or _default_compile
-    sweep_id = broadcast(sweep_id or uuid.uuid4().hex)
-    store = SweepStore(Path(store_dir))
+    return tokens, max_repeats, config
 
-    model = build_fn(
-        model_name,
-        tp_rank=rank,
-        tp_size=world,
-        num_layers=num_layers,
-        dtype=torch_dtype,
-        device=device,
-        seed=seed,
-        **dict(model_overrides or {}),
-    )
-    spec = model.spec
-    # Ranks sharing one GPU run the multi-GPU code path, not its latency: their rows are never "measured".
-    source = REHEARSAL if rehearsal_device() is not None else MEASURED
-    base = {
-        "source": source,
+
+def _row_base(spec: Any, sweep_id: str, dtype: torch.dtype, world: int, device: torch.device, backend: str,
+              warmup: int) -> dict[str, Any]:
+    """The provenance every row of this sweep carries."""
+    return {
+        # Ranks sharing one GPU run the multi-GPU code path, not its latency: their rows are never "measured".
+        "source": REHEARSAL if rehearsal_device() is not None else MEASURED,
         "sweep_id": sweep_id,
         "model": spec.name,
         "hidden_size": spec.hidden_size,
         "num_layers": spec.num_layers,
         # An FP8 model's setup is its scheme ("fp8-rowwise"), so its rows never pool with the bf16 model's.
-        "dtype": getattr(spec, "quant", None) or _dtype_name(torch_dtype),
+        "dtype": getattr(spec, "quant", None) or _dtype_name(dtype),
         "tp": world,
         "device_name": device_name(device),
         "device_count": _device_count(device),
@@ -293,78 +339,145 @@ def run_sweep(
         "warmup": warmup,
     }
 
-    plan = {v: variant_config(v, config, tp_size=world) for v in variants}
-    # Rank 0 alone reads the store, so every rank skips exactly the same points (a rank that
-    # disagreed would wait forever in a collective the others skip).
-    seen = set(store.parts()) if rank == 0 else set()  # rows of later parts are checked before each claim
-    done = broadcast(store.done_keys(source=source) if rank == 0 else None)
 
-    def key(variant: str, t: int) -> tuple:
-        cfg = plan[variant]
-        values = {**base, "variant": variant, "boundary": cfg.boundary, "num_tokens": t,
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What this sweep measures: each variant's config, and the (variant, token count) points left."""
+
+    configs: dict[str, LabConfig]
+    base: dict[str, Any]
+    pending: dict[int, list[str]]
+    """Token count -> the variants not yet in the store there, in the sweep's order."""
+    done: Any
+    """The store's keys when the sweep started (rank 0's, broadcast)."""
+    skipped: int
+
+    @property
+    def planned(self) -> int:
+        return sum(len(vs) for vs in self.pending.values())
+
+    @property
+    def needed(self) -> list[str]:
+        """Variants with a point left (one whose points are all done is not even compiled)."""
+        return [v for v in self.configs if any(v in vs for vs in self.pending.values())]
+
+    def key(self, variant: str, t: int) -> tuple:
+        cfg = self.configs[variant]
+        values = {**self.base, "variant": variant, "boundary": cfg.boundary, "num_tokens": t,
                   "config_hash": config_hash(cfg)}
         return tuple(values[c] for c in KEY_COLUMNS)
 
-    pending = {t: [v for v in variants if key(v, t) not in done] for t in tokens}
+
+def _plan_points(store: SweepStore, base: dict[str, Any], configs: dict[str, LabConfig], tokens: list[int],
+                 rank: int) -> _Plan:
+    """The points not yet in the store. Rank 0 alone reads it, so every rank skips exactly the same points (a
+    rank that disagreed would wait forever in a collective the others skip)."""
+    done = broadcast(store.done_keys(source=base["source"]) if rank == 0 else None)
+    plan = _Plan(configs, base, {}, done, 0)
+    pending = {t: [v for v in configs if plan.key(v, t) not in done] for t in tokens}
     pending = {t: vs for t, vs in pending.items() if vs}
-    skipped = len(plan) * len(tokens) - sum(len(vs) for vs in pending.values())
-    planned, elsewhere, claims = len(plan) * len(tokens) - skipped, 0, {}
-    if rank == 0:
-        store.record_plan(sweep_id, planned)
-    # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
-    bar = _progress_bar(total=planned, enabled=progress and rank == 0)
-    written: list[dict[str, Any]] = []
-    # Every variant with work left is compiled up front: interleaving needs them all at hand.
-    needed = [v for v in variants if any(v in vs for vs in pending.values())]
-    compiled = {v: compile_fn(model, plan[v]) for v in needed}
-    stop = StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
-                     points_left=len(pending))
-    try:
-        for t, todo in pending.items():
-            # Rank 0 claims the points (one measurement per point across concurrent sweeps); all ranks follow.
-            claims = store.claim_points({v: key(v, t) for v in todo}, seen, done) if rank == 0 else {}
-            claimed = broadcast(list(claims) if rank == 0 else None)
-            if len(claimed) < len(todo):
-                elsewhere += len(todo) - len(claimed)
-                if rank == 0:
-                    store.record_plan(sweep_id, planned - elsewhere)
-                if bar is not None:
-                    bar.total = planned - elsewhere
-                    bar.refresh()
-                if not claimed:
-                    stop.points_left -= 1
-                    continue
-            todo = claimed
-            if bar is not None:
-                bar.set_description(f"T={t}: {', '.join(todo)}")
-            # same seed on every rank: TP ranks must see the same tokens
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
-            input_ids = torch.randint(0, spec.vocab_size, (t,), generator=gen).to(device)
-            with torch.no_grad():
-                timings = interleave(
-                    {v: functools.partial(compiled[v], input_ids) for v in todo},
-                    device=device, warmup=warmup, cuda_graph=cuda_graph, stop=stop,
-                )
-            for v in todo:
-                if rank == 0:
-                    row = _row(base, v, plan[v], t, timings[v], compiled[v].report)
-                    store.append([row])  # on disk before anyone hears of it
-                    written.append(row)
-                    if on_row is not None:
-                        on_row(row)
-                if bar is not None:
-                    bar.update(1)
-            release_claims(claims)  # after the rows are on disk: whoever claims next sees them
-        if reports_dir is not None and rank == 0:
-            Path(reports_dir).mkdir(parents=True, exist_ok=True)
-            for v in needed:
-                (Path(reports_dir) / f"{v}.json").write_text(compiled[v].report.to_json())
-    finally:
-        release_claims(claims)
-        if bar is not None:
-            bar.close()
-    return SweepResult(rows=written, skipped=skipped, store_dir=str(store.path), sweep_id=sweep_id,
-                       elsewhere=elsewhere)
+    return dataclasses.replace(plan, pending=pending,
+                               skipped=len(configs) * len(tokens) - sum(len(vs) for vs in pending.values()))
+
+
+def _claim_or_skip(store: SweepStore, plan: _Plan, t: int, todo: list[str], seen: set, progress: _Progress,
+                   rank: int) -> tuple[dict, list[str]]:
+    """Rank 0 claims the points at ``t`` (one measurement per point across concurrent sweeps of one store);
+    every rank follows. ``(rank 0's claims, the variants claimed)``; those a concurrent sweep took are dropped
+    from the plan and the bar."""
+    claims = store.claim_points({v: plan.key(v, t) for v in todo}, seen, plan.done) if rank == 0 else {}
+    claimed = broadcast(list(claims) if rank == 0 else None)
+    if len(claimed) < len(todo):
+        progress.taken_elsewhere(len(todo) - len(claimed))
+    return claims, claimed
+
+
+def _measure_point(compiled: dict[str, Any], todo: list[str], input_ids: torch.Tensor, progress: _Progress,
+                   **interleave_kwargs: Any) -> Iterator[dict[str, PointTiming]]:
+    """Time the variants ``todo`` at one token count; yields their timings batch by batch, as measured.
+
+    The variants whose range is compiled are measured first, interleaved. Each variant still to compile
+    then compiles (the progress bar says which variant and range) and is measured at once, so a row
+    reaches the screen after one compile instead of after every variant's. Every batch gets its share of
+    the point's time budget.
+    """
+    t = int(input_ids.shape[0])
+    pending = {v: _pending_compile(compiled[v], t) for v in todo}
+    pending = broadcast(pending)  # every rank compiles and measures in rank 0's order
+    ready = [v for v in todo if pending[v] is None]
+    batches = ([ready] if ready else []) + [[v] for v in todo if pending[v] is not None]
+    stop = interleave_kwargs.pop("stop")
+    left = len(todo)
+    for batch in batches:
+        for v in batch:
+            if pending[v] is not None:
+                progress.doing(f"compiling {v} {pending[v]} for T={t}")
+                with torch.no_grad():
+                    compiled[v](input_ids)
+        progress.doing(f"T={t}: {', '.join(batch)}")
+        with torch.no_grad():
+            yield interleave({v: functools.partial(compiled[v], input_ids) for v in batch}, stop=stop,
+                             share=len(batch) / left, ends_point=len(batch) == left, **interleave_kwargs)
+        left -= len(batch)
+
+
+def _pending_compile(compiled: Any, num_tokens: int) -> str | None:
+    """The label of the range a call at ``num_tokens`` would compile first (``"[16, 256]"``); None when none
+    would (a compiler stand-in without ``pending_compile`` counts as compiled)."""
+    pending = getattr(compiled, "pending_compile", None)
+    rng = pending(num_tokens) if pending is not None else None
+    return None if rng is None else rng.label
+
+
+def _record_rows(store: SweepStore, base: dict[str, Any], plan: _Plan, compiled: dict[str, Any], t: int,
+                 timings: dict[str, PointTiming], progress: _Progress,
+                 on_row: Callable[[dict[str, Any]], None] | None, rank: int) -> list[dict[str, Any]]:
+    """Rank 0 appends one row per variant timed (on disk before anyone hears of it); the rows written."""
+    written = []
+    for v, timing in timings.items():
+        if rank == 0:
+            row = _row(base, v, plan.configs[v], t, timing, compiled[v].report)
+            store.append([row])
+            written.append(row)
+            if on_row is not None:
+                on_row(row)
+        progress.advance()
+    return written
+
+
+class _Progress:
+    """The sweep's progress, on rank 0: a tqdm bar here, and the store's plan file for a watcher elsewhere
+    (``launch_sweep``'s bar): how many points, how many done, what is going on (compiling what)."""
+
+    def __init__(self, store: SweepStore, sweep_id: str, planned: int, *, enabled: bool, rank: int):
+        self.store, self.sweep_id, self.planned, self.rank = store, sweep_id, planned, rank
+        self.elsewhere = 0
+        # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
+        self.bar = _progress_bar(total=planned, enabled=enabled)
+        if rank == 0:
+            store.record_plan(sweep_id, planned)
+
+    def doing(self, what: str) -> None:
+        if self.rank == 0:
+            self.store.record_plan(self.sweep_id, self.planned - self.elsewhere, doing=what)
+        if self.bar is not None:
+            self.bar.set_description(what)
+
+    def taken_elsewhere(self, points: int) -> None:
+        self.elsewhere += points
+        if self.rank == 0:
+            self.store.record_plan(self.sweep_id, self.planned - self.elsewhere)
+        if self.bar is not None:
+            self.bar.total = self.planned - self.elsewhere
+            self.bar.refresh()
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _row(
@@ -493,6 +606,9 @@ def launch_sweep(
 
     def deliver() -> None:
         planned = store.planned_points(sweep_id) if bar is not None else None
+        doing = store.plan_doing(sweep_id) if bar is not None else None
+        if doing:
+            bar.set_description(doing, refresh=False)
         if planned is not None and planned != bar.total:
             if bar.total is None:
                 bar.reset(total=planned)  # the clock starts when measuring starts, not at rank start-up

@@ -6,18 +6,19 @@ piece is compiled in ``piece_compilers.py``. Splitting ops run eagerly between p
 structural fingerprint (every decoder layer) share one compiled artifact, so an 80-layer model costs a
 handful of compiles per range.
 
-Dynamo hands over one graph per specialisation (usually one for 1 token and one symbolic); each compiles
-the ranges its calls reach, and the report keeps an entry per (range, Dynamo graph), with Dynamo's capture
-time, so its compile times add up to what the first calls cost.
+Dynamo captures the model once, with the token count symbolic from the first call (1 token included), and
+later calls run the captured bytecode without Dynamo's guards (``capture.py``); a call that breaks what a
+capture assumed (another batch size, a token count its trace excluded) is captured afresh. Each capture
+compiles the ranges its calls reach, and the report keeps an entry per (range, Dynamo graph), with Dynamo's
+capture time, so its compile times add up to what the first calls cost.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +27,8 @@ from torch import fx
 from torch._guards import detect_fake_mode
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
+from sp_lab.compiler.artifact_cache import ArtifactCache, range_key
+from sp_lab.compiler.capture import Capture, call_signature, capture
 from sp_lab.compiler.cudagraphs import CudaGraphPlan, FullCudaGraphs, StaticTokens
 from sp_lab.compiler.even_shards import EvenShards, even_shards
 from sp_lab.compiler.failures import BoundaryError
@@ -40,11 +43,6 @@ if TYPE_CHECKING:
     from sp_lab.compiler.ranges import CompileRange
 
 log = logging.getLogger(__name__)
-
-# Every sp_lab.compile of a model adds cache entries (1 token, and symbolic) to the same forward code object;
-# a sweep compiles 4 variants of one model. Dynamo's default limit (8) would end such a sweep with
-# FailOnRecompileLimitHit, so sp_lab's calls run with a higher one (fullgraph=True still fails loudly past it).
-_RECOMPILE_LIMIT = 64
 
 __all__ = ["BoundaryError", "CompiledModel", "compile"]
 
@@ -96,7 +94,8 @@ class CompiledModel:
         )
         self._tokens_in_flight: torch.Tensor | None = None  # the first argument of the call Dynamo is tracing
         self._call_started = 0.0
-        self._dynamo = torch.compile(model, backend=self._backend, fullgraph=True, dynamic=False)
+        self._captures: dict[tuple, list[Capture]] = {}  # by call_signature: one per batch size, as a rule
+        self._capture_guards = TokenGuards()  # what the capture in flight assumed about the token count
         self._full_graphs = FullCudaGraphs(self._forward)
         self._static_tokens = StaticTokens()
         self._even_shards = EvenShards()  # what the captured graphs ask of the token count (DTensor shards)
@@ -138,20 +137,38 @@ class CompiledModel:
             out = out.narrow(dim, 0, num_tokens).clone()  # the graph's output buffer is reused by the next replay
         return out
 
+    def pending_compile(self, num_tokens: int) -> CompileRange | None:
+        """The range a call of ``num_tokens`` tokens (batch 1) would compile first; None when it is compiled.
+
+        A sweep asks this to say what is compiling, and to measure the variants that are ready first."""
+        padded = self._graphs.padded(num_tokens)  # what __call__ runs at
+        lo, hi = self.config.range_for(padded)
+        if self._captures and self.report.range_for(padded).compiled:
+            return None
+        return next(r for r in self.ranges if (r.lo, r.hi) == (lo, hi))
+
     def _forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """One call through Dynamo (no graph replay), recording Dynamo's own time when it compiled."""
+        """One call: the capture that fits it, without Dynamo; a new capture if none does."""
         dim = self.config.token_dim
-        if tokens.shape[dim] > 1:
-            # Symbolic within the range; 1 is specialised by Dynamo (and compiles apart) anyway.
-            torch._dynamo.maybe_mark_dynamic(tokens, dim)
+        signature = call_signature(tokens, dim, args, kwargs)
+        seq = tokens.shape[dim]
+        for known in self._captures.get(signature, ()):
+            if known.token_guards.hold(seq):
+                return known.run(self.model, tokens, *args, **kwargs)
+        return self._capture(signature, tokens, args, kwargs)
+
+    def _capture(self, signature: tuple, tokens: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        """Capture with Dynamo and run the call, recording Dynamo's own time."""
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
         self._call_started = time.perf_counter()
         self._tokens_in_flight = tokens
+        self._capture_guards = TokenGuards()
         try:
-            with _recompile_limit(_RECOMPILE_LIMIT):
-                out = self._dynamo(tokens, *args, **kwargs)
+            out, captured = capture(self.model, self._backend, tokens, self.config.token_dim, args, kwargs,
+                                    lambda: self._capture_guards)
         finally:
             self._tokens_in_flight = None
+        self._captures.setdefault(signature, []).append(captured)
         if len(self.report.graphs) > graphs:
             # Dynamo's share of this call: everything but the range compiles it triggered.
             spent = time.perf_counter() - self._call_started - (_range_compile_s(self.report) - compile_s)
@@ -168,6 +185,8 @@ class CompiledModel:
             n.meta.get("example_value", x)
             for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
         ]
+        token_size = example_inputs[token_index].shape[self.config.token_dim]
+        self._capture_guards = TokenGuards.of(fake_mode.shape_env if fake_mode else None, token_size)
         tokens = self.config.num_tokens(example_inputs[token_index].shape)
         graph = DynamoGraph(len(self.report.graphs), tokens if isinstance(tokens, int) else None,
                             time.perf_counter() - self._call_started)
@@ -220,8 +239,24 @@ class CompiledModel:
             at_capture_size=lambda: self.at_capture_size,
             hint=seq if compiled else None,
         )
-        fn = compiler.compile()
+        fn = self._compile_through_cache(compiler, gm, example_inputs, index, hint=seq if compiled else None)
         compiled.append((compiler.token_guards, fn))
+        return fn
+
+    def _compile_through_cache(self, compiler: RangeCompiler, gm: fx.GraphModule, example_inputs: list[Any],
+                               index: int, hint: int | None) -> Callable:
+        """``compiler.compile()`` with the range's on-disk entry loaded first and saved after."""
+        cache = None if self.inspect_only else ArtifactCache.default()
+        if cache is None:
+            compiler.report.artifact_cache = "off"
+            return compiler.compile()
+        key = range_key(gm, example_inputs, self.config, self.effective.to_dict(), self.ranges[index],
+                        compiler.pass_uuid(), hint=hint)
+        with cache.serve(key) as serving:
+            fn = compiler.compile()
+            serving.compiled_anything = any(
+                p.kind == "compiled" and not p.cache_hit and not p.inductor_cache_hit for p in compiler.report.pieces)
+        compiler.report.artifact_cache = serving.outcome
         return fn
 
     def _entry(self, rng: CompileRange, graph: DynamoGraph) -> RangeReport:
@@ -241,24 +276,6 @@ def _planned(rng: CompileRange, config: LabConfig) -> RangeReport:
 
 def _range_compile_s(report: CompileReport) -> float:
     return sum(r.compile_time_s for r in report.ranges)
-
-
-@contextlib.contextmanager
-def _recompile_limit(limit: int) -> Iterator[None]:
-    """Dynamo's recompile limit raised to at least ``limit`` for sp_lab's own calls only.
-
-    Set and restored by hand: ``config.patch`` costs ~25 us, which a 1-token forward on a GPU would notice.
-    """
-    dynamo_config = torch._dynamo.config
-    previous = dynamo_config.recompile_limit
-    if previous >= limit:
-        yield
-        return
-    dynamo_config.recompile_limit = limit
-    try:
-        yield
-    finally:
-        dynamo_config.recompile_limit = previous
 
 
 def _token_input_index(gm: fx.GraphModule, example_inputs: list[Any], tokens: torch.Tensor | None) -> int:

@@ -22,11 +22,11 @@ from sp_lab.compiler.ranges import CompileRange
 if TYPE_CHECKING:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv as ShapeEnvType
 
-__all__ = ["TokenGuards", "meta_devices_to_cpu", "range_inputs"]
+__all__ = ["TRACE_HINT", "TokenGuards", "meta_devices_to_cpu", "range_inputs"]
 
 # The preferred trace hint: odd and larger than any tp, so that no shard size is degenerate (0 or 1) and no
 # divisibility by tp is assumed unless the graph itself demands it (see ``TokenGuards``).
-_PREFERRED_HINT = 61
+TRACE_HINT = 61
 # How far past the preferred hint to look for one that the Dynamo graph's guards accept.
 _HINT_SEARCH = 1024
 
@@ -80,7 +80,7 @@ def _trace_hint(lo: int, dynamo: TokenGuards) -> int:
     """The token count to trace a range with: the preferred hint (or ``lo`` above it), else the nearest count
     the Dynamo graph's guards accept (the graph is only valid there: DTensor shards made with ``from_local``
     are sized assuming tp divides N)."""
-    start = max(lo, _PREFERRED_HINT)
+    start = max(lo, TRACE_HINT)
     for hint in itertools.chain(range(start, start + _HINT_SEARCH), range(start - 1, lo - 1, -1)):
         if dynamo.hold(hint):
             return hint

@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,8 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+from sp_lab.compiler.artifact_cache import cache_dir as artifact_cache_dir
+from sp_lab.compiler.artifact_cache import write_atomic
 from sp_lab.compiler.inspection import structural_fingerprint
 from sp_lab.compiler.passes.post_grad import PostGradPassManager
 from sp_lab.compiler.report import PieceRecord, ReportError, record_from_json, record_to_json
@@ -130,16 +131,16 @@ def _compile_aten_piece(gm: fx.GraphModule, inputs: list[Any]) -> Callable:
 
 
 def _record_path(pass_uuid: str, fingerprint: str) -> Path:
+    """Beside sp_lab's artifact cache when there is one (its entries make Inductor hit in a cache directory
+    that never saw the pass run), else beside Inductor's cache."""
     key = hashlib.sha256(f"{pass_uuid}:{fingerprint}".encode()).hexdigest()[:32]
-    return Path(cache_dir()) / "sp_lab_piece_records" / f"{key}.json"
+    root = artifact_cache_dir() or Path(cache_dir())
+    return root / "sp_lab_piece_records" / f"{key}.json"
 
 
 def _save(path: Path, record: PieceRecord) -> None:
     """Write the record as JSON (atomically: a concurrent compile may read it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record_to_json(record)))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record_to_json(record)))
 
 
 def _load(path: Path) -> PieceRecord | None:

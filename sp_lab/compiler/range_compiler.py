@@ -105,6 +105,10 @@ class RangeCompiler:
             return self.gm_to_run  # the report is complete; calls run the captured graph as it is
         return fn
 
+    def pass_uuid(self) -> str:
+        """The ``uuid()`` of the post-grad pass this range's pieces get: its sources and settings."""
+        return self._passes(sp=self.range.enable_sp, boundary=self.config.boundary).uuid()
+
     def _reserve_symm_mem_workspace(self) -> None:
         """Size the symmetric-memory workspace for the largest fused matmul of the range, up front.
 

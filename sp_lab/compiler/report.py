@@ -255,7 +255,8 @@ class PieceRecord:
 
 @dataclass(frozen=True)
 class DynamoGraph:
-    """One graph Dynamo captured and handed to sp_lab (a model usually gives two: 1 token, and symbolic)."""
+    """One graph Dynamo captured and handed to sp_lab (a model gives one, symbolic in the token count, per batch
+    size; another only where a call breaks what a capture assumed)."""
 
     index: int
     static_tokens: int | None  # the token count Dynamo specialised this graph to; None: symbolic
@@ -280,6 +281,9 @@ class RangeReport:
     dynamo_graph: int | None = None  # index into CompileReport.graphs; None: not compiled yet
     static_tokens: int | None = None  # copied from that graph: the one token count this artifact serves
     token_guards: list[str] = field(default_factory=list)  # what its trace assumed about the token count N
+    artifact_cache: Literal["hit", "miss", "off"] | None = None
+    """sp_lab's on-disk artifact cache (``compiler/artifact_cache.py``): "hit" when an entry for this range was
+    loaded, "miss" when it compiled afresh and saved one, "off" without a cache; None: not compiled."""
 
     def serves(self, num_tokens: int) -> bool:
         return self.lo <= num_tokens <= self.hi and self.static_tokens in (None, num_tokens)
