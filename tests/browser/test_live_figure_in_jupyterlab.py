@@ -20,8 +20,10 @@ import multiprocessing
 import os
 import time
 
-import nbformat
 import pytest
+
+# Collected on GPU machines without Jupyter too (pytest -m gpu): skip there, as the other browser tests do.
+nbformat = pytest.importorskip("nbformat", reason="the live-figure browser test needs Jupyter (the dev extra)")
 from jupyterlab_session import (
     BUSY_JS,
     CHROMIUM,
