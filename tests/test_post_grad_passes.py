@@ -101,3 +101,24 @@ def test_a_changed_pass_never_gets_a_stale_inductor_graph(tmp_path, monkeypatch)
     out, hit = run(3.0)  # the first setting again: now the cache serves it (so the cache was on all along)
     assert torch.equal(out, 3 * x) and hit
     torch._dynamo.reset()
+
+
+def test_a_piece_compiled_again_after_its_record_was_lost_still_returns_its_value(tmp_path, monkeypatch):
+    # Inductor's cache hit but the record beside it is missing (another rank has not written it yet, or a fresh
+    # artifact cache over a warm Inductor cache): the piece is compiled a second time. A split piece returns one
+    # value; a second compile must not hand the next piece a list.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("SP_LAB_CACHE_DIR", str(tmp_path / "sp_lab"))
+    gm = fx.symbolic_trace(lambda t: t * 2.0)  # one value out, as a piece of a split graph
+    x = torch.arange(4.0)
+    passes = manager([ScaleBy(3.0)], CompileRange(1, 4, False, False))
+    assert torch.equal(InductorPieces()(gm, [x], passes).fn(x), 3 * x)
+    records = list((tmp_path / "sp_lab").rglob("*.json"))
+    assert records, "the pass's record was not kept beside the cache"
+    for record in records:
+        record.unlink()
+    again = InductorPieces()(gm, [x], manager([ScaleBy(3.0)], CompileRange(1, 4, False, False)))
+    assert not again.inductor_cache_hit  # compiled again with the cache off, so the record is real
+    out = again.fn(x)
+    assert isinstance(out, torch.Tensor), f"the piece returned a {type(out).__name__}"
+    assert torch.equal(out, 3 * x)

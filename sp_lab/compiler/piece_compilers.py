@@ -66,7 +66,7 @@ class InductorPieces:
 
     def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
         side_file = _record_path(passes.uuid(), structural_fingerprint(gm, inputs))
-        compile_one = _compile_aten_piece if self.aten else compile_fx
+        compile_one = _compile_aten_piece if self.aten else _compile_dynamo_piece
         with torch._inductor.config.patch({"post_grad_custom_post_pass": passes, "fx_graph_cache": True}):
             fn = compile_one(gm, inputs)
         if passes.record is not None:
@@ -111,6 +111,24 @@ def with_tuple_output(gm: fx.GraphModule) -> fx.GraphModule | None:
     tuple_output = next(n for n in reversed(graph.nodes) if n.op == "output")
     tuple_output.args = ((tuple_output.args[0],),)
     return fx.GraphModule(gm, graph)
+
+
+def _compile_dynamo_piece(gm: fx.GraphModule, inputs: list[Any]) -> Callable:
+    """Inductor's ``compile_fx`` for a piece of Dynamo's graph, never changing ``gm``.
+
+    ``compile_fx`` rewrites a graph that returns one value, in place, to return a tuple. A second compile of the
+    same piece (the record fallback in :class:`InductorPieces`, when Inductor's cache hit but the record beside it
+    was missing, as when another rank is still writing it) would then get the rewritten graph and hand the next
+    piece a list. So the copy that already returns a tuple is compiled, and unpacked here."""
+    single = with_tuple_output(gm)
+    if single is None:
+        return compile_fx(gm, inputs)
+    compiled = compile_fx(single, inputs)
+
+    def run(*args: Any) -> Any:
+        return compiled(*args)[0]
+
+    return run
 
 
 def _compile_aten_piece(gm: fx.GraphModule, inputs: list[Any]) -> Callable:
