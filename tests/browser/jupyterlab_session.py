@@ -96,6 +96,8 @@ def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, s
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={workdir}",
+             # window.jupyterapp: run_all_cells asks the notebook's own session whether its kernel is ready
+             "--LabApp.expose_app_in_browser=True",
              *(["--allow-root"] if os.geteuid() == 0 else [])],  # CI containers run as root
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -192,29 +194,36 @@ def failure_record(page, name: str, log_path: Path, dialogs: Dialogs) -> Iterato
             f"console errors: {errors[-10:]}; plots drawn: {drawn}\nJupyterLab log tail:\n{log})") from failure
 
 
+# The current notebook's kernel, as its own session sees it: "idle" once connected and ready for cells.
+KERNEL_STATE_JS = """() => { const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const kernel = panel && panel.sessionContext && panel.sessionContext.session && panel.sessionContext.session.kernel;
+    return kernel ? kernel.connectionStatus + ':' + kernel.status : 'no kernel'; }"""
+# Not awaited: the command's promise resolves only when every cell has run.
+RUN_ALL_JS = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }"
+
+
 def run_all_cells(page, dialogs: Dialogs | None = None) -> None:
-    """Wait for the notebook and its kernel, then Run > Run All Cells; retried once if no cell starts (a click
-    that lands before the kernel is connected is dropped). Dialogs in the way are dismissed and recorded."""
+    """Wait until the notebook's kernel is connected and idle, then run every cell through JupyterLab's own
+    ``notebook:run-all-cells`` command; retried once if no cell starts. Dialogs in the way are answered and
+    recorded.
+
+    The command, not the Run menu: a menu click can land on a dialog or before the session is connected, and a
+    kernel that is not connected yet drops the cells (their prompts stay "[*]" while the kernel idles)."""
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     dialogs = dialogs or Dialogs(page)
-    # The kernel idle, answering any dialog on the way (a "Select Kernel" dialog would keep it from starting).
-    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle'], #jp-main-statusbar :text('Idle')")
-    deadline = time.monotonic() + 90
-    while not idle.count():
-        dialogs.dismiss()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the notebook's kernel was not idle within 90 s (dialogs answered: {dialogs.seen})")
-        time.sleep(1)
     for _attempt in range(2):
-        dialogs.dismiss()  # a dialog (e.g. a kernel or build prompt) would intercept the menu click
-        try:
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click(timeout=10_000)
-        except sync_api.TimeoutError:  # a dialog that opened after the check: answer it, try once more
-            dialogs.dismiss()
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        deadline = time.monotonic() + 90
+        state = page.evaluate(KERNEL_STATE_JS)
+        while state != "connected:idle":
+            dialogs.dismiss()  # a "Select Kernel" dialog would keep the kernel from starting
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the notebook's kernel was not ready within 90 s: {state} "
+                                   f"(dialogs answered: {dialogs.seen})")
+            time.sleep(0.5)
+            state = page.evaluate(KERNEL_STATE_JS)
+        page.evaluate(RUN_ALL_JS)
         try:
             page.wait_for_function(BUSY_JS, timeout=30_000)
             return
         except sync_api.TimeoutError:
-            page.keyboard.press("Escape")
+            dialogs.dismiss()
