@@ -208,6 +208,8 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     rows.with_columns(
         pl.when(pl.col("num_tokens") == 1)
         .then(pl.lit("predicted"))  # a model's rows keep their source: never relabelled as tunable timings
+        .when(pl.col("num_tokens") == pl.col("num_tokens").max())
+        .then(pl.lit("rehearsal"))  # ranks sharing one GPU: not the multi-GPU program's timing, never tunable
         .otherwise(pl.col("source"))
         .alias("source")
     ).write_parquet(recorded)
@@ -216,7 +218,7 @@ def test_replay_imports_rows_as_replayed_once(store, tmp_path):
     assert cli.main(["replay", str(recorded), "--store", str(dest)]) == 0  # idempotent
     got = SweepStore(dest).read()
     assert got.height == 15
-    assert got.group_by("source").len().sort("source").rows() == [("predicted", 3), ("replayed", 12)]
+    assert got.group_by("source").len().sort("source").rows() == [("predicted", 3), ("rehearsal", 3), ("replayed", 9)]
 
 
 def test_replay_refuses_rows_without_provenance(tmp_path, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from sp_lab.bench.store import NULLABLE_COLUMNS, ROW_SCHEMA, SweepStore
-from sp_lab.vocabulary import MODELLED_SOURCES, REPLAYED
+from sp_lab.vocabulary import MEASURED, REPLAYED
 
 
 class ReplayError(ValueError):
@@ -48,14 +48,17 @@ def read_recorded(path: str | Path) -> pl.DataFrame:
 
 
 def import_recorded(path: str | Path, store: str | Path) -> int:
-    """Append the rows of ``path`` to the store at ``store`` as replayed rows; returns how many were new."""
+    """Append the rows of ``path`` to the store at ``store``, measured rows as replayed ones (other sources keep
+    theirs); returns how many were new."""
     src = Path(path)
     df = read_recorded(src)
     missing = sorted(set(ROW_SCHEMA) - set(df.columns) - NULLABLE_COLUMNS - {"schema_version", "row_id"})
     if missing:
         raise ReplayError(f"{src} lacks columns {missing}; recorded rows must carry full provenance")
-    modelled = pl.col("source").is_in(list(MODELLED_SOURCES))
-    df = df.with_columns(source=pl.when(modelled).then(pl.col("source")).otherwise(pl.lit(REPLAYED)))
+    # Only a measurement becomes "replayed" (a timing recorded elsewhere, tunable); a model's rows and rehearsal
+    # rows (several ranks on one GPU: not the multi-GPU program's timing) keep their own source.
+    measured = pl.col("source") == MEASURED
+    df = df.with_columns(source=pl.when(measured).then(pl.lit(REPLAYED)).otherwise(pl.col("source")))
     dest = SweepStore(store)
     if "row_id" in df.columns:  # keep the recorded ids: replaying the same file twice adds nothing
         df = df.filter(~pl.col("row_id").is_in(dest.read()["row_id"].implode()))
