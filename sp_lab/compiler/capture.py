@@ -72,7 +72,12 @@ def capture(
     # A code object of its own per capture: Dynamo keys its cache by code object, and the hook must find
     # this trace's bytecode, not another compile's of the same forward.
     code = _entry.__code__.replace(co_name=f"_sp_lab_entry_{next(_entries)}")
-    entry = types.FunctionType(code, _entry.__globals__, code.co_name)
+    # The entry frame runs in the globals of the model's forward. Dynamo resolves a global of an inlined function
+    # whose globals are not the root frame's by importing its module by name, and a forward defined in a notebook
+    # and sent to the ranks by value (cloudpickle) names ``__main__``, where the rank finds none of the notebook's
+    # names (``F``). ``_entry`` itself reads no global.
+    scope = _globals_of(model)
+    entry = types.FunctionType(code, scope, code.co_name)
     traced: list[types.CodeType] = []
 
     def keep(old: types.CodeType, new: types.CodeType) -> None:
@@ -93,8 +98,13 @@ def capture(
         out = compiled(model, tokens, *args, **kwargs)
     if len(traced) != 1:
         raise RuntimeError(f"sp_lab.compile: expected one Dynamo trace of the forward, saw {len(traced)}")
-    direct = types.FunctionType(traced[0], _entry.__globals__, code.co_name)
+    direct = types.FunctionType(traced[0], scope, code.co_name)  # where Dynamo installed the compiled graph
     return out, Capture(direct, token_guards())
+
+
+def _globals_of(model: torch.nn.Module) -> dict[str, Any]:
+    forward = getattr(type(model), "forward", None)
+    return getattr(forward, "__globals__", None) or _entry.__globals__
 
 
 def call_signature(tokens: torch.Tensor, token_dim: int, args: tuple, kwargs: dict) -> tuple:
