@@ -17,6 +17,8 @@ is tested without a GPU; gloo on 2 cores is a correctness path, not a speed clai
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
@@ -72,19 +74,27 @@ def fused_matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group_name: st
 
     a: [M, K] with M divisible by group_size (the SP pass pads); b: [K, N]; returns [M / group_size, N].
     """
+    return _reduce_scatter_chunks("fused_matmul_reduce_scatter", a.shape[0], group_name, group_size,
+                                  lambda lo, hi: torch.mm(a[lo:hi], b))
+
+
+def _reduce_scatter_chunks(op: str, rows: int, group_name: str, group_size: int,
+                           matmul_rows: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """The reduce-scatter pipeline of both fused ops: ``matmul_rows(lo, hi)`` computes rows ``lo:hi`` of the
+    product; each chunk is reduced to its owner as soon as it is computed; returns this rank's chunk."""
     group = _resolve_process_group(group_name)
     rank = dist.get_rank(group)
-    if a.shape[0] % group_size:
+    if rows % group_size:
         raise ValueError(
-            f"fused_matmul_reduce_scatter: {a.shape[0]} rows do not split into {group_size} equal chunks; "
+            f"{op}: {rows} rows do not split into {group_size} equal chunks; "
             "the sequence-parallel pass pads the token dimension to a multiple of tp before this op"
         )
-    c = a.shape[0] // group_size
+    c = rows // group_size
     chunks, works = [], []
     # Collectives on one group must be issued in the same order on every rank, so chunks go in owner order;
     # chunk i+1's matmul overlaps chunk i's reduction.
     for owner in range(group_size):
-        chunk = torch.mm(a[owner * c : (owner + 1) * c], b)
+        chunk = matmul_rows(owner * c, (owner + 1) * c)
         works.append(dist.reduce(chunk, dst=dist.get_global_rank(group, owner), group=group, async_op=True))
         chunks.append((owner, chunk))
     for work in works:
@@ -174,23 +184,9 @@ def fused_scaled_matmul_reduce_scatter(
     a: [M, K] float8, M divisible by group_size; a_scale: [M, 1] or []; returns [M / group_size, N] in
     ``out_dtype``.
     """
-    group = _resolve_process_group(group_name)
-    rank = dist.get_rank(group)
-    if a.shape[0] % group_size:
-        raise ValueError(
-            f"fused_scaled_matmul_reduce_scatter: {a.shape[0]} rows do not split into {group_size} equal chunks; "
-            "the sequence-parallel pass pads the token dimension to a multiple of tp before this op"
-        )
-    c = a.shape[0] // group_size
-    chunks, works = [], []
-    for owner in range(group_size):
-        chunk = torch._scaled_mm(a[owner * c : (owner + 1) * c], b, _scale_rows(a_scale, owner * c, (owner + 1) * c),
-                                 b_scale, out_dtype=out_dtype)
-        works.append(dist.reduce(chunk, dst=dist.get_global_rank(group, owner), group=group, async_op=True))
-        chunks.append((owner, chunk))
-    for work in works:
-        work.wait()
-    return next(chunk for owner, chunk in chunks if owner == rank)
+    return _reduce_scatter_chunks(
+        "fused_scaled_matmul_reduce_scatter", a.shape[0], group_name, group_size,
+        lambda lo, hi: torch._scaled_mm(a[lo:hi], b, _scale_rows(a_scale, lo, hi), b_scale, out_dtype=out_dtype))
 
 
 @fused_scaled_matmul_reduce_scatter.register_fake
