@@ -1,11 +1,16 @@
-"""Start-up cost of sp_lab.launch: wall time to run a no-op on N ranks, against a bare `import torch`.
+"""Start-up cost of sp_lab.launch: wall time to run a no-op, and a first compile, on N ranks, with ranks forked
+from the warm fork server and as fresh interpreters (``SP_LAB_FORKSERVER=0``), against a bare `import torch`.
 
     python benchmarks/bench_launch.py                     # world sizes 1 and 2, 5 repeats each
     python benchmarks/bench_launch.py --world-sizes 2 4 --repeats 7 --json
 
-A no-op launch is the launcher's fixed cost: start the interpreters, import torch, join the process
-group, send the result back and clean up. The floor is one `python -c "import torch"`, since every
-rank pays that; on a machine with fewer cores than ranks, the ranks' imports also compete for CPU.
+A no-op launch is the launcher's fixed cost: start (or fork) the ranks, import torch, join the process
+group, send the result back and clean up. A compiling launch adds what a rank pays before its first compile
+(importing Dynamo and Inductor, Inductor's probe of the CPU) and one small compile (warm Inductor cache).
+Fresh interpreters pay at least one `python -c "import torch"` per rank; forked ranks inherit the server's
+imports. The two ways alternate within each repeat (fork server, fresh, fork server, ...), and the summary
+gives the ratio of their medians measured in this one run. The fork server's own start (once per caller)
+is paid in the untimed warm-up launch.
 """
 
 from __future__ import annotations
@@ -40,15 +45,27 @@ def time_import_torch(repeats: int) -> list[float]:
     return times
 
 
-def time_launch(world_size: int, repeats: int, backend: str) -> list[float]:
-    """Seconds per ``sp_lab.launch(noop, world_size=...)``, after one untimed warm-up launch."""
-    sp_lab.launch(noop, world_size=world_size, backend=backend)  # warm the OS file cache
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = sp_lab.launch(noop, world_size=world_size, backend=backend)
-        times.append(time.perf_counter() - started)
-        assert result == list(range(world_size)), result
+def first_compile() -> int:
+    """A rank's first compile: Dynamo and Inductor imported and started, one small graph (cached after once)."""
+    compiled = torch.compile(lambda x: (x.sin() + 1.0).relu().sum(0), fullgraph=True)
+    compiled(torch.ones(8, 8))
+    return dist.get_rank()
+
+
+WAYS = {"forked": "1", "fresh": "0"}  # SP_LAB_FORKSERVER
+
+
+def time_launches(fn, world_size: int, repeats: int, backend: str) -> dict[str, list[float]]:
+    """Seconds per ``sp_lab.launch(fn, world_size=...)`` each way, alternating, after an untimed warm-up each."""
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
+    for repeat in range(repeats + 1):
+        for way, switch in WAYS.items():
+            os.environ["SP_LAB_FORKSERVER"] = switch
+            started = time.perf_counter()
+            result = sp_lab.launch(fn, world_size=world_size, backend=backend)
+            if repeat:  # the first round warms the OS file cache, Inductor's cache and the fork server
+                times[way].append(time.perf_counter() - started)
+            assert result == list(range(world_size)), result
     return times
 
 
@@ -78,16 +95,17 @@ def main() -> None:
 
     rows = [{"what": "python -c 'import torch'", "times_s": time_import_torch(options.repeats)}]
     for world_size in options.world_sizes:
-        rows.append(
-            {
-                "what": f"launch(noop, world_size={world_size})",
-                "times_s": time_launch(world_size, options.repeats, options.backend),
-            }
-        )
+        for fn in (noop, first_compile):
+            for way, times in time_launches(fn, world_size, options.repeats, options.backend).items():
+                rows.append({"what": f"launch({fn.__name__}, world_size={world_size}) {way}", "times_s": times})
     for row in rows:
         row["median_s"] = statistics.median(row["times_s"])
         row["min_s"] = min(row["times_s"])
         row["max_s"] = max(row["times_s"])
+    medians = {row["what"]: row["median_s"] for row in rows}
+    for row in rows:
+        if row["what"].endswith(" forked"):
+            row["forked_over_fresh"] = row["median_s"] / medians[row["what"].removesuffix("forked") + "fresh"]
 
     info = machine()
     if options.json:
@@ -98,9 +116,10 @@ def main() -> None:
         f"{' ' + info['gpu_name'] if info['gpu_name'] else ''}; python {info['python']}, "
         f"torch {info['torch']}; {options.repeats} repeats, backend={options.backend}"
     )
-    print(f"{'':36s} {'median':>8s} {'min':>8s} {'max':>8s}")
+    print(f"{'':48s} {'median':>8s} {'min':>8s} {'max':>8s}  forked/fresh")
     for row in rows:
-        print(f"{row['what']:36s} {row['median_s']:7.2f}s {row['min_s']:7.2f}s {row['max_s']:7.2f}s")
+        ratio = f"  {row['forked_over_fresh']:.2f}x" if "forked_over_fresh" in row else ""
+        print(f"{row['what']:48s} {row['median_s']:7.2f}s {row['min_s']:7.2f}s {row['max_s']:7.2f}s{ratio}")
 
 
 if __name__ == "__main__":

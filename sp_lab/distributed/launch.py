@@ -13,9 +13,11 @@ and returns every rank's result in rank order::
 
 How it is built, and why:
 
-- Workers are fresh interpreters started with :class:`subprocess.Popen` (never ``fork``: torch holds
-  threads and CUDA state that do not survive a fork). Unlike ``multiprocessing``'s spawn they never
-  re-import the caller's ``__main__``, so a script without an ``if __name__ == "__main__"`` guard works.
+- Workers are forked from a warm server process that has imported torch, Dynamo and Inductor once for
+  this caller (:mod:`sp_lab.distributed.forkserver`; ``SP_LAB_FORKSERVER=0``: fresh interpreters started
+  with :class:`subprocess.Popen`). The caller itself is never forked: torch holds threads and CUDA state
+  that do not survive a fork. Unlike ``multiprocessing``'s spawn, neither way re-imports the caller's
+  ``__main__``, so a script without an ``if __name__ == "__main__"`` guard works.
 - ``fn`` and its arguments travel with cloudpickle, which pickles functions defined in a notebook (or any
   ``__main__``) by value. Workers get the caller's ``sys.path`` so functions of importable modules resolve.
   ``torch.ops`` and its ops travel by name, and custom ops defined in the notebook are re-created in every

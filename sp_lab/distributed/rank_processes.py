@@ -1,8 +1,9 @@
 """The caller's handle on the rank processes :func:`sp_lab.launch` starts: start, forward output, stop.
 
-- Workers are fresh interpreters started with :class:`subprocess.Popen` (never ``fork``: torch holds
-  threads and CUDA state that do not survive a fork), each leading its own session so clean-up kills
-  whole process trees (SIGTERM, then SIGKILL).
+- Workers are children of a warm fork server that has torch, Dynamo and Inductor imported
+  (:mod:`sp_lab.distributed.forkserver`), or fresh interpreters started with :class:`subprocess.Popen`
+  where it is off. The caller itself is never forked: its threads and CUDA state would not survive it.
+  Each worker leads its own session so clean-up kills whole process trees (SIGTERM, then SIGKILL).
 - Worker stdout/stderr are forwarded to the caller's, prefixed ``[rank N]``, so prints appear in the
   notebook cell; the last lines are kept for error messages. A rank's stderr line goes to the caller's
   stderr only when it reads as a problem (a traceback, an error, a warning); progress bars and log lines
@@ -28,7 +29,11 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import TextIO
 
+from sp_lab.distributed import forkserver
 from sp_lab.distributed.process_group import RANK_ENV_DEFAULTS, cpu_threads_per_rank
+
+# A rank: a fresh interpreter (Popen) or a child of the warm fork server (forkserver.ForkedRank).
+RankProcess = subprocess.Popen | forkserver.ForkedRank
 
 __all__ = ["Worker", "dump_stacks", "kill_trees", "start_worker"]
 
@@ -90,7 +95,7 @@ class Worker:
     """The caller's handle on one rank."""
 
     rank: int
-    process: subprocess.Popen
+    process: RankProcess
     results: Connection
     """Read end of the rank's result pipe."""
     stdout: _OutputPump
@@ -137,24 +142,20 @@ def start_worker(
     rank: int, world_size: int, backend: str, store_port: int, job_path: str, lifeline_fd: int
 ) -> Worker:
     read_fd, write_fd = os.pipe()
+    env = _worker_env(rank, world_size, backend, store_port)
     try:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _BOOTSTRAP,
-                json.dumps(sys.path),
-                job_path,
-                str(write_fd),
-                str(lifeline_fd),
-            ],
-            env=_worker_env(rank, world_size, backend, store_port),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(write_fd, lifeline_fd),
-            start_new_session=True,  # own process group: clean-up kills the whole tree, Ctrl-C does not
-        )
+        if forkserver.enabled():
+            process: RankProcess = forkserver.start_rank([job_path], env, write_fd, lifeline_fd)
+        else:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), job_path, str(write_fd), str(lifeline_fd)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(write_fd, lifeline_fd),
+                start_new_session=True,  # own process group: clean-up kills the whole tree, Ctrl-C does not
+            )
     except BaseException:
         os.close(read_fd)
         raise
@@ -168,7 +169,6 @@ def start_worker(
         stderr=_OutputPump(process.stderr, rank, lambda: sys.stderr, keep=_STDERR_TAIL_LINES,
                            calm=lambda: sys.stdout),
     )
-
 
 
 def dump_stacks(workers: Sequence[Worker]) -> dict[int, str]:
