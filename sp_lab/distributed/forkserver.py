@@ -21,8 +21,9 @@ import): when any of them differs at the next launch, a new server replaces it.
 A forked rank is the server's child, not the caller's: the server reaps it and sends its exit status back,
 where :class:`ForkedRank` (the part of :class:`subprocess.Popen` that ``launch()`` uses) picks it up.
 
-``SP_LAB_FORKSERVER=0`` starts every rank as a fresh interpreter instead, as happens where fork or passing
-descriptors over a socket is not available (anything but Linux).
+``SP_LAB_FORKSERVER=0`` starts every rank as a fresh interpreter instead, as happens on a machine with a CUDA
+device (see :func:`enabled`) and where fork or passing descriptors over a socket is not available (anything but
+Linux). Small CPU machines are where start-up time matters most: a GPU machine's many cores import in parallel.
 """
 
 from __future__ import annotations
@@ -63,9 +64,15 @@ class _Request:
 
 
 def enabled() -> bool:
-    """Whether ranks are forked from a warm server (Linux, not switched off with ``SP_LAB_FORKSERVER=0``)."""
+    """Whether ranks are forked from a warm server: on Linux, without a CUDA device, unless switched off.
+
+    With a CUDA device they start as fresh interpreters: a process forked after torch has asked the CUDA
+    driver about its devices cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess", in every
+    forked rank on an H200 machine), and importing Inductor asks."""
+    import torch
+
     return (os.environ.get("SP_LAB_FORKSERVER", "1") != "0" and sys.platform == "linux"
-            and hasattr(socket, "send_fds"))
+            and hasattr(socket, "send_fds") and not torch.cuda.is_available())
 
 
 # -- messages: a length, then JSON --------------------------------------------------------------------------
