@@ -16,18 +16,26 @@ and its fixture reads its own results from the session's one launch (the ``gloo_
 The launch runs the functions of the modules that have selected tests, one after the other, with Dynamo reset
 between them. A function that raises fails only its own module's tests (with the rank's traceback); the others'
 results stand.
+
+The session starts that launch in the background before its first test (:func:`start`) and runs the modules
+that read it last, so the ranks' compiles fill the cores the tests before them leave idle: in-process compiles
+use one core, notebooks and browser tests wait on kernels and pages. The first test that reads the results
+waits for what is left (:func:`result`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from typing import Any
 
 WORLD_SIZE = 2
 
 _REGISTERED: dict[str, tuple[Callable[..., Any], tuple | Callable[[], tuple], float]] = {}
+_started: Future | None = None
 
 
 def register(module: str, fn: Callable[..., Any], *args: Any, timeout: float,
@@ -59,18 +67,52 @@ def _run_on_rank(checks: list[tuple[str, Callable[..., Any], tuple]]) -> dict[st
     return out
 
 
-def launch_for(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
-    """One launch running the registered checks of ``modules``; per rank, ``{module: (ok, result, seconds)}``."""
-    import sp_lab
-
+def _checks_of(modules: Iterable[str]) -> list[tuple[str, Callable[..., Any], tuple]]:
+    """``(module, fn, args)`` of the registered checks of ``modules``, each ``prepare`` called here."""
     checks = []
     for m in sorted(set(modules) & set(_REGISTERED)):
         fn, args, _ = _REGISTERED[m]
         checks.append((m, fn, args() if callable(args) else args))
+    return checks
+
+
+def _launch(checks: list[tuple[str, Callable[..., Any], tuple]]) -> list[dict[str, tuple[bool, Any, float]]]:
+    import sp_lab
+
     if not checks:
         return [{} for _ in range(WORLD_SIZE)]
     timeout = sum(_REGISTERED[m][2] for m, _, _ in checks)
     return sp_lab.launch(_run_on_rank, checks, world_size=WORLD_SIZE, backend="gloo", timeout=timeout)
+
+
+def launch_for(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
+    """One launch running the registered checks of ``modules``; per rank, ``{module: (ok, result, seconds)}``."""
+    return _launch(_checks_of(modules))
+
+
+def start(modules: Iterable[str]) -> None:
+    """Start the launch of :func:`launch_for` in a background thread; :func:`result` waits for it.
+
+    The ``prepare`` functions run here, in the caller's thread. The thread is a daemon: a session that ends
+    before reading the results does not wait for the ranks (they end with the caller, as every launch's do)."""
+    global _started
+    checks = _checks_of(modules)
+    started: Future = Future()
+    started.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            started.set_result(_launch(checks))
+        except BaseException as e:  # noqa: BLE001 - handed to the tests that read the results
+            started.set_exception(e)
+
+    threading.Thread(target=run, name="rank-checks-launch", daemon=True).start()
+    _started = started
+
+
+def result(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
+    """The results of the launch :func:`start` began (waiting for it), or of a launch for ``modules`` now."""
+    return _started.result() if _started is not None else launch_for(modules)
 
 
 def results_of(per_rank: list[dict[str, tuple[bool, Any, float]]], module: str) -> list[Any]:

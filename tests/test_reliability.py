@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 
 pytest.importorskip("plotly", reason="sp_lab.viz.explorer needs plotly (optional on GPU machines)")
-from test_launch import _is_alive, _live_descendants
+from test_launch import _is_alive, _live_descendants, left_behind
 from test_store import make_row
 from test_sweep import StandInCompiled, stand_in_build
 
@@ -79,7 +79,6 @@ from sp_lab.bench.store import (
 from sp_lab.bench.sweep import launch_sweep
 from sp_lab.compiler.report import CompileReport, ReportError
 from sp_lab.config import ConfigError, LabConfig
-from sp_lab.distributed import forkserver
 from sp_lab.distributed.launch import LaunchTimeout, RankError
 from sp_lab.jsonfile import read_json
 from sp_lab.models.checkpoint import CheckpointError
@@ -111,11 +110,7 @@ def print_figures():
 def no_leftover_processes():
     before = set(_live_descendants(os.getpid()))
     yield
-    deadline = time.monotonic() + 2.0
-    # The fork server outlives each launch by design; the ranks it forked are still counted (its children).
-    while (left := set(_live_descendants(os.getpid())) - before - {forkserver.server_pid()}) and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)
+    left = left_behind(before)
     assert not left, f"processes left behind: {sorted(left)}"
 
 
