@@ -17,10 +17,11 @@ The launch runs the functions of the modules that have selected tests, one after
 between them. A function that raises fails only its own module's tests (with the rank's traceback); the others'
 results stand.
 
-The session starts that launch in the background before its first test (:func:`start`) and runs the modules
-that read it last, so the ranks' compiles fill the cores the tests before them leave idle: in-process compiles
-use one core, notebooks and browser tests wait on kernels and pages. The first test that reads the results
-waits for what is left (:func:`result`).
+The session starts that launch in the background before its first test (:func:`start`) and runs the notebook
+tests beside it (``conftest.py``): their kernels and browsers leave cores idle that the ranks' compiles fill.
+The other tests start once it has ended (:func:`wait`): two launches overlapping in one process crossed their
+gloo rendezvous once in about fifteen tries (rank 1 of one met the other's rank 0), while launches from notebook
+kernels run beside it. The modules that read its results run last (:func:`result`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ WORLD_SIZE = 2
 
 _REGISTERED: dict[str, tuple[Callable[..., Any], tuple | Callable[[], tuple], float]] = {}
 _started: Future | None = None
+THREAD_NAME = "rank-checks-launch"
 
 
 def register(module: str, fn: Callable[..., Any], *args: Any, timeout: float,
@@ -106,8 +108,14 @@ def start(modules: Iterable[str]) -> None:
         except BaseException as e:  # noqa: BLE001 - handed to the tests that read the results
             started.set_exception(e)
 
-    threading.Thread(target=run, name="rank-checks-launch", daemon=True).start()
+    threading.Thread(target=run, name=THREAD_NAME, daemon=True).start()
     _started = started
+
+
+def wait() -> None:
+    """Return once the launch :func:`start` began has ended (at once if none was started or it has ended)."""
+    if _started is not None:
+        _started.exception()  # waits; its failure is for the tests that read the results
 
 
 def result(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:

@@ -2,7 +2,7 @@
 
 In process: every preset builds in FP8 (meta), the eager FP8 toy stays near its bf16 self, a tiny FP8
 checkpoint written here with safetensors loads as written, bad quantization configs are refused.
-One ``sp_lab.launch`` of 2 gloo ranks (module fixture) serves every numeric claim: the CPU fused scaled ops
+The suite's shared launch of 2 gloo ranks (``rank_checks``) serves every numeric claim: the CPU fused scaled ops
 against all_gather / reduce_scatter + ``_scaled_mm``, the compiled FP8 toy (rowwise under each working boundary
 strategy, tensorwise under ``sharded``) and a plain-PyTorch FP8 stack against their eager selves, and the
 checkpoint at tp 2 against tp 1.
@@ -16,12 +16,17 @@ logit by a few percent (measured: 3-4 %). Wrong scales, rows or chunks move it b
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rank_checks
 import torch
 import torch.distributed as dist
 from tp_models import Fp8Stack
@@ -158,15 +163,27 @@ def _worker(checkpoints: dict[str, str]) -> dict[str, Any]:
     return results
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("fp8_checkpoints")
+@functools.cache
+def _written_checkpoints() -> dict[str, Path]:
+    """The two FP8 checkpoints, written once (a temporary directory removed when the tests end): the ranks load
+    the files the in-process tests load."""
+    root = Path(tempfile.mkdtemp(prefix="fp8_checkpoints_"))
+    atexit.register(shutil.rmtree, root, True)
     return {g: write_fp8_checkpoint(root / g, g) for g in ("channel", "tensor")}
 
 
+rank_checks.register(__name__, _worker, prepare=lambda: ({g: str(p) for g, p in _written_checkpoints().items()},),
+                     timeout=900.0)
+
+
 @pytest.fixture(scope="module")
-def ranks(checkpoints) -> list[dict[str, Any]]:
-    return sp_lab.launch(_worker, {g: str(p) for g, p in checkpoints.items()}, world_size=TP, timeout=900.0)
+def checkpoints() -> dict[str, Path]:
+    return _written_checkpoints()
+
+
+@pytest.fixture(scope="module")
+def ranks(gloo_checks) -> list[dict[str, Any]]:
+    return rank_checks.results_of(gloo_checks, __name__)
 
 
 # -- in process ----------------------------------------------------------------------------------------------

@@ -3,16 +3,18 @@
 Each notebook is executed with nbclient in a fresh ``python3`` kernel whose working directory is
 ``notebooks/`` (as in JupyterLab). A failing cell fails the test with that cell's error. The
 notebooks share the Inductor cache of the run (``TORCHINDUCTOR_CACHE_DIR``), so repeated compiles of
-the same toy graphs are cheap. Deselect with ``-m "not notebooks"``.
+the same toy graphs are cheap. A notebook a browser test already ran in JupyterLab in this session
+(``tests/notebook_runs.py``) is checked on that run, with the same checks, instead of running twice.
+Deselect with ``-m "not notebooks"``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
+import notebook_runs
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
@@ -41,6 +43,13 @@ def test_notebook_is_committed_without_outputs(path):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
+    ran = notebook_runs.RUN_IN_JUPYTERLAB.get(path.name)
+    if ran is not None:  # Run All in JupyterLab, smoke setting on, saved by its browser test
+        assert not notebook_runs.errors(ran), f"{path.name} failed in JupyterLab: {notebook_runs.errors(ran)}"
+        warned = notebook_runs.sp_lab_warnings(ran)
+        assert not warned, f"{path.name}: sp_lab's own code warns (run in JupyterLab):\n" + "\n".join(warned)
+        print(f"{path.name}: checked on its run in JupyterLab (tests/browser/)")
+        return
     # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared, and a fresh
     # output folder instead of the checkout's out/ (the notebooks write where the CLI does: sp_lab.paths).
     monkeypatch.setenv("SP_LAB_SMOKE", "1")
@@ -53,10 +62,6 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
         client.execute()
     except nbclient.exceptions.CellExecutionError as e:
         pytest.fail(f"{path.name} failed in smoke mode:\n{e}", pytrace=False)
-    # A warning raised at a line of sp_lab (e.g. a deprecated torch API it calls) prints into every
-    # notebook that runs that line, between progress bars, as an error-like block: none is allowed.
-    warned = sorted({line.strip() for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
-                     if out.get("name") == "stderr" for line in out.get("text", "").splitlines()
-                     if re.search(r"sp_lab/\S+\.py:\d+: \w*Warning:", line)})
+    warned = notebook_runs.sp_lab_warnings(nb)
     assert not warned, f"{path.name}: sp_lab's own code warns:\n" + "\n".join(warned)
     print(f"{path.name}: {time.perf_counter() - start:.1f} s (SP_LAB_SMOKE=1, {os.cpu_count()} CPUs)")

@@ -20,7 +20,9 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
+import notebook_runs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,9 +74,21 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90.
     raise TimeoutError(f"jupyter lab did not answer at {url} within {timeout:.0f} s")
 
 
+class Served(NamedTuple):
+    """A JupyterLab serving a copy of one notebook."""
+
+    base: str
+    """its URL, ``http://127.0.0.1:<port>``"""
+    token: str
+    name: str
+    """the notebook's file name"""
+    copy: Path
+    """the copy it serves (and saves to)"""
+
+
 @contextmanager
-def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
-    """(base URL, token, notebook name) of a JupyterLab serving a copy of ``notebook``; stopped on exit."""
+def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[Served]:
+    """A JupyterLab serving a copy of ``notebook``; stopped on exit."""
     workdir = ROOT / ".cache" / f"browser-{secrets.token_hex(4)}"  # under the repo: the notebook finds ROOT
     workdir.mkdir(parents=True)
     shutil.copy(notebook, workdir / notebook.name)
@@ -103,7 +117,7 @@ def serve_notebook(notebook: Path, tmp_path: Path) -> Iterator[tuple[str, str, s
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_http(f"{base}/api/status?token={token}", proc, log_path)
-            yield base, token, notebook.name
+            yield Served(base, token, notebook.name, workdir / notebook.name)
         finally:
             if proc.poll() is None:  # the server and the kernels it started: one process group
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -227,3 +241,31 @@ def run_all_cells(page, dialogs: Dialogs | None = None) -> None:
             return
         except sync_api.TimeoutError:
             dialogs.dismiss()
+
+
+SAVE_JS = "() => { window.jupyterapp.commands.execute('docmanager:save'); return true; }"
+
+
+def save_and_record(page, served: Served, timeout_s: float = 60.0) -> None:
+    """Save the notebook from the page (JupyterLab's own ``docmanager:save``) once every cell has run, and record
+    the executed copy for ``tests/test_notebooks.py`` (``tests/notebook_runs.py``), which checks it instead of
+    running the notebook again. Asserts what that test asserts: every cell ran, none raised, sp_lab never warned."""
+    import nbformat
+
+    deadline = time.monotonic() + timeout_s
+    saved = None
+    while time.monotonic() < deadline:
+        page.evaluate(SAVE_JS)
+        time.sleep(1.0)
+        try:
+            nb = nbformat.read(served.copy, as_version=4)
+        except (OSError, ValueError):  # mid-write
+            continue
+        if all(c.execution_count is not None for c in nb.cells if c.cell_type == "code" and c.source.strip()):
+            saved = nb
+            break
+    assert saved is not None, f"the executed {served.name} was not saved with every cell run within {timeout_s:.0f} s"
+    assert not notebook_runs.errors(saved), f"{served.name} in JupyterLab: {notebook_runs.errors(saved)}"
+    warned = notebook_runs.sp_lab_warnings(saved)
+    assert not warned, f"{served.name}: sp_lab's own code warns:\n" + "\n".join(warned)
+    notebook_runs.RUN_IN_JUPYTERLAB[served.name] = saved

@@ -33,6 +33,7 @@ from jupyterlab_session import (
     missing,
     require_browser,
     run_all_cells,
+    save_and_record,
     serve_notebook,
     sync_api,
 )
@@ -45,7 +46,7 @@ pytestmark = [pytest.mark.notebooks]
 
 @pytest.fixture
 def lab(tmp_path):
-    """(base URL, token, notebook name) of a JupyterLab serving a copy of notebook 2."""
+    """A JupyterLab serving a copy of notebook 2 (``jupyterlab_session.Served``)."""
     require_browser()
     if shutil.which("dot") is None:
         missing("no Graphviz dot on PATH (apt-get install -y graphviz)")
@@ -64,7 +65,7 @@ EXPLORER_READY_JS = """() => { const outs = document.querySelectorAll('.jp-Cell:
 
 
 def test_clicking_a_piece_opens_its_drilldown(lab, tmp_path):
-    base, token, name = lab
+    base, token, name = lab.base, lab.token, lab.name
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
@@ -78,6 +79,7 @@ def test_clicking_a_piece_opens_its_drilldown(lab, tmp_path):
                     time.sleep(2)
                 assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
                 assert page.evaluate(EXPLORER_READY_JS), "the explorer widget did not render its two figures"
+                save_and_record(page, lab)  # every cell ran, none raised: test_notebooks.py checks this run
 
                 dialogs.dismiss()
                 # Drawn, not only given data: the overview's boxes and labels and the drill-down are in the SVG.

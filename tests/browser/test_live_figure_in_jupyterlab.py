@@ -124,7 +124,7 @@ def _assert_drawn(drawn: list[dict], when: str) -> None:
 
 
 def test_live_figures_draw_under_load_after_reload_and_restart(lab, cpu_load, tmp_path):
-    base, token, name = lab
+    base, token, name = lab.base, lab.token, lab.name
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1200, "height": 1600})

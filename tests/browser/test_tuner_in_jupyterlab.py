@@ -35,6 +35,7 @@ from jupyterlab_session import (
     failure_record,
     require_browser,
     run_all_cells,
+    save_and_record,
     serve_notebook,
     sync_api,
 )
@@ -53,7 +54,7 @@ PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map
 
 @pytest.fixture
 def lab(tmp_path):
-    """(base URL, token, notebook name) of a JupyterLab serving a copy of notebook 3."""
+    """A JupyterLab serving a copy of notebook 3 (``jupyterlab_session.Served``)."""
     require_browser()
     with serve_notebook(NOTEBOOK, tmp_path) as served:
         yield served
@@ -102,7 +103,7 @@ def _shoot(page, name: str) -> None:
 
 
 def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
-    base, token, name = lab
+    base, token, name = lab.base, lab.token, lab.name
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
@@ -141,6 +142,7 @@ def test_tuner_plots_points_and_the_slider_moves_the_gated_curve(lab, tmp_path):
                 final = sum(len(t["x"]) for t in latency)
                 assert final >= 6, f"latency plot has too few points: {latency}"
                 assert not page.evaluate(BUSY_JS), f"notebook still running after {RUN_TIMEOUT_S} s"
+                save_and_record(page, lab)  # every cell ran, none raised: test_notebooks.py checks this run
                 assert during and min(during) < final, (
                     f"no partial plot seen while the sweep ran (point counts seen while busy: {during}, final {final})")
                 # Drawn, not only given data: every live plot (the live tuner's and the replay's) has SVG traces.
