@@ -349,7 +349,10 @@ def _report_exits(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+        try:
+            _send(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+        except OSError:  # the caller closed this server (it was replaced or is gone): nobody to tell
+            os._exit(0)
 
 
 def _become_rank(request: _Request, fds: list[int], server_fds: list[int]) -> None:
