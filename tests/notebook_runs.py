@@ -23,15 +23,16 @@ def _code_cells(nb: Any) -> list[tuple[int, Any]]:
     return [(i, cell) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
 
 
+def not_run(nb: Any) -> list[int]:
+    """Indices of the code cells that did not run (JupyterLab never runs an empty cell: those do not count)."""
+    return [i for i, cell in _code_cells(nb) if cell.execution_count is None and cell.source.strip()]
+
+
 def errors(nb: Any) -> list[str]:
     """Code cells that did not run, and the errors cells raised (``Name: value``), by cell index."""
-    found = []
-    for i, cell in _code_cells(nb):
-        if cell.execution_count is None and cell.source.strip():  # JupyterLab never runs an empty cell
-            found.append(f"cell {i} did not run")
-        found += [f"cell {i} raised {out.get('ename')}: {out.get('evalue')}"
-                  for out in cell.outputs if out.get("output_type") == "error"]
-    return found
+    raised = [f"cell {i} raised {out.get('ename')}: {out.get('evalue')}"
+              for i, cell in _code_cells(nb) for out in cell.outputs if out.get("output_type") == "error"]
+    return [f"cell {i} did not run" for i in not_run(nb)] + raised
 
 
 def sp_lab_warnings(nb: Any) -> list[str]:
@@ -39,3 +40,10 @@ def sp_lab_warnings(nb: Any) -> list[str]:
     return sorted({line.strip() for _, cell in _code_cells(nb) for out in cell.outputs
                    if out.get("name") == "stderr" for line in out.get("text", "").splitlines()
                    if SP_LAB_WARNING.search(line)})
+
+
+def assert_ran_cleanly(nb: Any, name: str) -> None:
+    """Every cell of a run in JupyterLab ran, none raised, and sp_lab's own code never warned."""
+    assert not errors(nb), f"{name} failed in JupyterLab: {errors(nb)}"
+    warned = sp_lab_warnings(nb)
+    assert not warned, f"{name}: sp_lab's own code warns (run in JupyterLab):\n" + "\n".join(warned)

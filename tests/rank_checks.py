@@ -37,7 +37,6 @@ WORLD_SIZE = 2
 
 _REGISTERED: dict[str, tuple[Callable[..., Any], tuple | Callable[[], tuple], float]] = {}
 _started: Future | None = None
-THREAD_NAME = "rank-checks-launch"
 
 
 def register(module: str, fn: Callable[..., Any], *args: Any, timeout: float,
@@ -108,7 +107,7 @@ def start(modules: Iterable[str]) -> None:
         except BaseException as e:  # noqa: BLE001 - handed to the tests that read the results
             started.set_exception(e)
 
-    threading.Thread(target=run, name=THREAD_NAME, daemon=True).start()
+    threading.Thread(target=run, name="rank-checks-launch", daemon=True).start()
     _started = started
 
 

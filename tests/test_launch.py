@@ -45,48 +45,25 @@ def _process_table() -> dict[int, tuple[int, str]]:
 
 
 def _live_descendants(pid: int) -> list[int]:
-    return list(_live_tree(pid))
-
-
-def _live_tree(pid: int) -> dict[int, int]:
-    """Every live descendant of ``pid`` -> its parent."""
     table = _process_table()
-    found, frontier = {}, [pid]
+    found, frontier = [], [pid]
     while frontier:
         parent = frontier.pop()
         for child, (ppid, state) in table.items():
             if ppid == parent and state != "Z":
-                found[child] = ppid
+                found.append(child)
                 frontier.append(child)
     return found
 
 
 def left_behind(before: set[int], grace_s: float = 2.0) -> set[int]:
-    """This process's live descendants started since ``before`` (its descendants then) that are still there
-    after ``grace_s``: what a test left behind.
-
-    Not counted: the fork server (it outlives each launch by design; the ranks it forks are counted), and what
-    processes that were already running start meanwhile -- the suite's shared launch runs in the background
-    (tests/rank_checks.py), and its ranks start compilers whenever they compile."""
+    """This process's live descendants that were not there ``before`` and are still there after ``grace_s``:
+    what a test left behind. The fork server outlives each launch by design; the ranks it forked are counted."""
     deadline = time.monotonic() + grace_s  # reaping is synchronous in launch(), but be fair to the kernel
-    while (left := _new_since(before)) and time.monotonic() < deadline:
+    while (left := set(_live_descendants(os.getpid())) - before - {forkserver.server_pid()}) and \
+            time.monotonic() < deadline:
         time.sleep(0.05)
     return left
-
-
-def _new_since(before: set[int]) -> set[int]:
-    tree = _live_tree(os.getpid())
-    server = forkserver.server_pid()
-    owners = before - {server}
-
-    def started_by_an_older_process(pid: int) -> bool:
-        while pid in tree:
-            pid = tree[pid]
-            if pid in owners:
-                return True
-        return False
-
-    return {pid for pid in tree if pid not in before and pid != server and not started_by_an_older_process(pid)}
 
 
 def _is_alive(pid: int) -> bool:

@@ -45,9 +45,7 @@ def test_notebook_is_committed_without_outputs(path):
 def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
     ran = notebook_runs.RUN_IN_JUPYTERLAB.get(path.name)
     if ran is not None:  # Run All in JupyterLab, smoke setting on, saved by its browser test
-        assert not notebook_runs.errors(ran), f"{path.name} failed in JupyterLab: {notebook_runs.errors(ran)}"
-        warned = notebook_runs.sp_lab_warnings(ran)
-        assert not warned, f"{path.name}: sp_lab's own code warns (run in JupyterLab):\n" + "\n".join(warned)
+        notebook_runs.assert_ran_cleanly(ran, path.name)
         print(f"{path.name}: checked on its run in JupyterLab (tests/browser/)")
         return
     # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared, and a fresh

@@ -261,11 +261,9 @@ def save_and_record(page, served: Served, timeout_s: float = 60.0) -> None:
             nb = nbformat.read(served.copy, as_version=4)
         except (OSError, ValueError):  # mid-write
             continue
-        if all(c.execution_count is not None for c in nb.cells if c.cell_type == "code" and c.source.strip()):
+        if not notebook_runs.not_run(nb):
             saved = nb
             break
     assert saved is not None, f"the executed {served.name} was not saved with every cell run within {timeout_s:.0f} s"
-    assert not notebook_runs.errors(saved), f"{served.name} in JupyterLab: {notebook_runs.errors(saved)}"
-    warned = notebook_runs.sp_lab_warnings(saved)
-    assert not warned, f"{served.name}: sp_lab's own code warns:\n" + "\n".join(warned)
+    notebook_runs.assert_ran_cleanly(saved, served.name)
     notebook_runs.RUN_IN_JUPYTERLAB[served.name] = saved
