@@ -15,6 +15,11 @@ TORCH_CPU_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 PYTEST_MARKERS ?= not gpu and not multigpu and not slow
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the shared launch of rank checks, the notebook tests beside it and the tests that read
+# its results on one, first; every other module, whole, on whichever worker is free (tests/conftest.py orders and
+# groups them). In one process the in-process compiles after the launch ran on one core of two: two workers keep
+# both busy. PYTEST_WORKERS=0 runs the session in one process.
+PYTEST_WORKERS ?= 2
 LAB_PORT ?= 8888
 # Jupyter refuses to start as root (e.g. in a container) unless told to; pass the flag only then.
 LAB_ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -44,7 +49,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	@# pytest exits 5 when it collected no test: that is a broken suite, not a pass.
-	@$(PYTHON) -m pytest -q -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
+	@$(PYTHON) -m pytest -q -m "$(PYTEST_MARKERS)" -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 run: $(STAMP)

@@ -17,11 +17,12 @@ The launch runs the functions of the modules that have selected tests, one after
 between them. A function that raises fails only its own module's tests (with the rank's traceback); the others'
 results stand.
 
-The session starts that launch in the background before its first test (:func:`start`) and runs the notebook
-tests beside it (``conftest.py``): their kernels and browsers leave cores idle that the ranks' compiles fill.
-The other tests start once it has ended (:func:`wait`): two launches overlapping in one process crossed their
-gloo rendezvous once in about fifteen tries (rank 1 of one met the other's rank 0), while launches from notebook
-kernels run beside it. The modules that read its results run last (:func:`result`).
+The session starts that launch in the background at the first notebook test (:func:`start_once`) and runs the
+notebook tests beside it (``conftest.py``): their kernels and browsers leave cores idle that the ranks' compiles
+fill. In one process the other tests start once it has ended (:func:`wait`): two launches overlapping in one
+process crossed their gloo rendezvous once in about fifteen tries (rank 1 of one met the other's rank 0), while
+launches from other processes (notebook kernels, the other pytest-xdist worker) run beside it. The tests that read
+its results come after the notebook tests (:func:`result`).
 """
 
 from __future__ import annotations
@@ -91,12 +92,15 @@ def launch_for(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]
     return _launch(_checks_of(modules))
 
 
-def start(modules: Iterable[str]) -> None:
-    """Start the launch of :func:`launch_for` in a background thread; :func:`result` waits for it.
+def start_once(modules: Iterable[str]) -> None:
+    """Start the launch of :func:`launch_for` in a background thread unless one was started; :func:`result` waits
+    for it.
 
     The ``prepare`` functions run here, in the caller's thread. The thread is a daemon: a session that ends
     before reading the results does not wait for the ranks (they end with the caller, as every launch's do)."""
     global _started
+    if _started is not None:
+        return
     checks = _checks_of(modules)
     started: Future = Future()
     started.set_running_or_notify_cancel()
@@ -112,13 +116,13 @@ def start(modules: Iterable[str]) -> None:
 
 
 def wait() -> None:
-    """Return once the launch :func:`start` began has ended (at once if none was started or it has ended)."""
+    """Return once the launch :func:`start_once` began has ended (at once if none was started or it has ended)."""
     if _started is not None:
         _started.exception()  # waits; its failure is for the tests that read the results
 
 
 def result(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
-    """The results of the launch :func:`start` began (waiting for it), or of a launch for ``modules`` now."""
+    """The results of the launch :func:`start_once` began (waiting for it), or of a launch for ``modules`` now."""
     return _started.result() if _started is not None else launch_for(modules)
 
 

@@ -203,6 +203,49 @@ def test_a_raising_rank_surfaces_its_rank_and_traceback():
     assert error.exitcode is None
 
 
+def _count_then_raise(log: str) -> None:
+    with open(log, "a") as file:
+        file.write(f"rank {dist.get_rank()}\n")
+    raise ValueError("fails after the group formed")
+
+
+def test_a_failure_of_the_function_is_raised_without_starting_the_ranks_again(tmp_path, capfd):
+    log = tmp_path / "calls"
+    with pytest.raises(RankError) as info:
+        sp_lab.launch(_count_then_raise, str(log), world_size=2, backend="gloo", timeout=60)
+    assert not info.value.during_rendezvous
+    assert sorted(log.read_text().splitlines()) == ["rank 0", "rank 1"], "the function ran more than once per rank"
+    assert "starting them again" not in capfd.readouterr().err
+
+
+def test_ranks_that_cannot_form_their_group_are_started_once_more_then_the_error_is_raised(monkeypatch, capfd):
+    # A real failure while forming the gloo group, on every rank: no network interface of that name.
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuchif0")
+    with pytest.raises(RankError) as info:
+        sp_lab.launch(_allreduce_job, 1.0, world_size=2, backend="gloo", timeout=120)
+    assert info.value.during_rendezvous
+    assert "nosuchif0" in str(info.value)
+    assert capfd.readouterr().err.count("could not form their process group") == 1
+
+
+def test_a_second_start_after_a_failed_rendezvous_returns_the_results(monkeypatch, capfd):
+    from sp_lab.distributed import launch as launch_module
+
+    real, starts = launch_module._run_ranks, []
+
+    def first_start_fails_to_form_the_group(*args):
+        starts.append(args)
+        if len(starts) == 1:
+            raise RankError("rank 1 raised RuntimeError: Gloo connectFullMesh failed", rank=1, during_rendezvous=True)
+        return real(*args)
+
+    monkeypatch.setattr(launch_module, "_run_ranks", first_start_fails_to_form_the_group)
+    results = sp_lab.launch(_allreduce_job, 2.0, world_size=2, backend="gloo", timeout=120)
+    assert len(starts) == 2
+    assert [(r["rank"], r["value"]) for r in results] == [(0, 6.0), (1, 6.0)]  # 2 * (1 + 2): a real group
+    assert capfd.readouterr().err.count("could not form their process group (rank 1 raised RuntimeError") == 1
+
+
 def test_a_sigkilled_rank_is_named_with_its_signal():
     with pytest.raises(RankError) as info:
         sp_lab.launch(_sigkill_rank_1, world_size=2, timeout=60)

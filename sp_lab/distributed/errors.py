@@ -21,6 +21,8 @@ class RankError(LaunchError):
             (SIGKILL, segfault, ``os._exit``).
         exitcode: the process's exit status when known: negative for "killed by signal -exitcode".
         other_failures: one line for each other rank that failed too, usually as a consequence.
+        during_rendezvous: every failing rank raised while the ranks formed their process group, before the
+            function ran (nothing of the user's ran yet: :func:`launch` starts the ranks again once).
     """
 
     def __init__(
@@ -31,12 +33,14 @@ class RankError(LaunchError):
         traceback: str | None = None,
         exitcode: int | None = None,
         other_failures: Sequence[str] = (),
+        during_rendezvous: bool = False,
     ):
         super().__init__(message)
         self.rank = rank
         self.traceback = traceback
         self.exitcode = exitcode
         self.other_failures = tuple(other_failures)
+        self.during_rendezvous = during_rendezvous
 
     @property
     def signal(self) -> signal.Signals | None:

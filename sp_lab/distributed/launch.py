@@ -24,6 +24,8 @@ How it is built, and why:
   rank before the function is loaded (:mod:`sp_lab.distributed.job`).
 - The rendezvous store (a :class:`torch.distributed.TCPStore` on 127.0.0.1, port chosen by the OS) lives
   in the caller, so no rank races for a free port and a dead rank 0 cannot take the store with it.
+- A failure while the ranks form their process group (before the user's function runs: a gloo connection
+  refused or closed under heavy load) starts the ranks again once, with a new store, within the same timeout.
 - Each rank reports ``("ok", result)`` or ``("error", ...)`` over a pipe of its own. EOF on that pipe
   without a report means the rank died (SIGKILL, segfault): the caller reads its exit status.
 - Each worker leads its own session (process group), so clean-up kills whole process trees
@@ -94,6 +96,9 @@ _FAILURE_GRACE_S = 0.5
 _EXIT_GRACE_S = 5.0
 # Longest single wait of the caller's loop: short, so Ctrl-C in a notebook is handled promptly.
 _POLL_S = 0.25
+# Starts of the ranks when forming the process group fails: the user's function has not run yet. Seen once in
+# the test suite on a loaded 2-core machine (rank 1's gloo connectFullMesh: "Connection closed by peer").
+_RENDEZVOUS_ATTEMPTS = 2
 
 
 def _check_launch_args(fn: Any, world_size: Any, timeout: Any) -> None:
@@ -125,6 +130,7 @@ def _receive(worker: Worker) -> None:
             type(error).__name__,
             f"the result of rank {worker.rank} could not be unpickled in the caller: {error}",
             traceback.format_exc(),
+            "run",
         )
 
 
@@ -138,7 +144,7 @@ def _failure_message(worker: Worker) -> tuple[str, str | None, int | None]:
         if tail.strip():
             message += f"; last lines of its stderr:\n{tail.rstrip()}"
         return message, None, exitcode
-    _, exc_type, text, tb = worker.report
+    _, exc_type, text, tb, _ = worker.report
     return (
         f"rank {worker.rank} raised {exc_type}: {text}\n\nTraceback from rank {worker.rank}:\n{tb.rstrip()}",
         tb,
@@ -189,9 +195,22 @@ def launch(
     _check_launch_args(fn, world_size, timeout)
     check_before_launch(args, kwargs, world_size)
     backend = resolve_backend(backend, world_size)
-    started = time.monotonic()
-    deadline = started + timeout
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, _RENDEZVOUS_ATTEMPTS + 1):
+        try:
+            return _run_ranks(fn, args, kwargs, world_size, backend, timeout, deadline)
+        except RankError as error:
+            if not error.during_rendezvous or attempt == _RENDEZVOUS_ATTEMPTS or time.monotonic() >= deadline:
+                raise
+            first_line = str(error).splitlines()[0][:300]
+            print(f"sp_lab.launch: the ranks could not form their process group ({first_line}); "
+                  "starting them again", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
+
+def _run_ranks(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], world_size: int, backend: str,
+               timeout: float, deadline: float) -> list:
+    """One start of the ranks: a fresh store, ``world_size`` ranks, their results (or the error)."""
     # The caller hosts the rendezvous store: port 0 lets the OS pick a free one, with no race.
     store = dist.TCPStore(
         "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False
@@ -258,7 +277,9 @@ def _wait_for_reports(workers: list[Worker], deadline: float, timeout: float) ->
         others = [_one_line(w) for w in failures[1:]]
         if others:
             message += "\n\nAlso failed (often a consequence of the first failure):\n  " + "\n  ".join(others)
-        raise RankError(message, rank=first.rank, traceback=tb, exitcode=exitcode, other_failures=others)
+        during_rendezvous = all(w.report[0] == "error" and w.report[4] == "rendezvous" for w in failures)
+        raise RankError(message, rank=first.rank, traceback=tb, exitcode=exitcode, other_failures=others,
+                        during_rendezvous=during_rendezvous)
     if pending:
         stuck = sorted(pending.values(), key=lambda w: w.rank)
         stacks = dump_stacks(stuck)
@@ -302,13 +323,13 @@ def _to_cpu(value: Any) -> Any:
     return tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), value)
 
 
-def _send_error(results: Connection, rank: int, error: BaseException, context: str = "") -> None:
+def _send_error(results: Connection, rank: int, error: BaseException, context: str = "", stage: str = "run") -> None:
     tb = traceback.format_exc()
     try:
         text = str(error)
     except Exception:  # noqa: BLE001 - a broken __str__ must not hide the traceback
         text = "<exception text unavailable>"
-    results.send_bytes(cloudpickle.dumps(("error", type(error).__name__, context + text, tb)))
+    results.send_bytes(cloudpickle.dumps(("error", type(error).__name__, context + text, tb, stage)))
 
 
 def _exit_now(code: int) -> None:
@@ -355,6 +376,11 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
             timeout_s=job.timeout_s,
             store=store,
         )
+    except BaseException as error:  # noqa: BLE001 - nothing of the user's ran: the caller may start us again
+        _send_error(results, rank, error, stage="rendezvous")
+        _exit_now(1)
+
+    try:
         result = job.fn(*job.args, **job.kwargs)
     except BaseException as error:  # noqa: BLE001 - SystemExit / KeyboardInterrupt in fn are failures too
         _send_error(results, rank, error)

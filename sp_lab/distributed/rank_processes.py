@@ -101,7 +101,8 @@ class Worker:
     stdout: _OutputPump
     stderr: _OutputPump
     report: tuple | None = None
-    """("ok", result) or ("error", exc_type, message, traceback), once received."""
+    """("ok", result), ("error", exc_type, message, traceback, stage) or ("died", exitcode), once received;
+    ``stage`` is "rendezvous" when the rank raised while forming the process group, else "run"."""
 
     def stderr_tail(self, lines: int = 20) -> str:
         tail = list(self.stderr.lines)[-lines:]
