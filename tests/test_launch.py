@@ -246,6 +246,18 @@ def test_a_second_start_after_a_failed_rendezvous_returns_the_results(monkeypatc
     assert capfd.readouterr().err.count("could not form their process group (rank 1 raised RuntimeError") == 1
 
 
+def test_the_rank_that_failed_first_is_named_whatever_order_the_reports_arrive_in():
+    from types import SimpleNamespace
+
+    from sp_lab.distributed.launch import _root_cause_first
+
+    peer_error = SimpleNamespace(rank=0, report=("error", "RuntimeError", "Connection closed by peer", "tb", "run", 20.0))
+    cause = SimpleNamespace(rank=1, report=("error", "OSError", "No space left on device", "tb", "run", 10.0))
+    died = SimpleNamespace(rank=1, report=("died", -9))
+    assert [w.rank for w in _root_cause_first([peer_error, cause])] == [1, 0]
+    assert [w.report[0] for w in _root_cause_first([peer_error, died])] == ["died", "error"]
+
+
 def test_a_sigkilled_rank_is_named_with_its_signal():
     with pytest.raises(RankError) as info:
         sp_lab.launch(_sigkill_rank_1, world_size=2, timeout=60)

@@ -131,6 +131,7 @@ def _receive(worker: Worker) -> None:
             f"the result of rank {worker.rank} could not be unpickled in the caller: {error}",
             traceback.format_exc(),
             "run",
+            time.time(),
         )
 
 
@@ -144,7 +145,7 @@ def _failure_message(worker: Worker) -> tuple[str, str | None, int | None]:
         if tail.strip():
             message += f"; last lines of its stderr:\n{tail.rstrip()}"
         return message, None, exitcode
-    _, exc_type, text, tb, _ = worker.report
+    _, exc_type, text, tb, _, _ = worker.report
     return (
         f"rank {worker.rank} raised {exc_type}: {text}\n\nTraceback from rank {worker.rank}:\n{tb.rstrip()}",
         tb,
@@ -255,6 +256,15 @@ def _run_ranks(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], worl
             del store
 
 
+def _root_cause_first(failures: list[Worker]) -> list[Worker]:
+    """Failed ranks, the one that failed first leading.
+
+    Reports that arrive within one poll come in no particular order, and a rank's failure makes its peers fail
+    in their next collective ("Connection closed by peer"): order by when each rank raised (its own clock, on
+    this machine), a rank that died first of all (a peer's failure makes a rank raise, never die)."""
+    return sorted(failures, key=lambda w: float("-inf") if w.report[0] == "died" else w.report[5])
+
+
 def _wait_for_reports(workers: list[Worker], deadline: float, timeout: float) -> None:
     """Block until every rank reported success; raise on the first failure or at the deadline."""
     pending = {worker.results: worker for worker in workers}
@@ -272,6 +282,7 @@ def _wait_for_reports(workers: list[Worker], deadline: float, timeout: float) ->
                 stop_listening_at = min(stop_listening_at, time.monotonic() + _FAILURE_GRACE_S)
 
     if failures:
+        failures = _root_cause_first(failures)
         first = failures[0]
         message, tb, exitcode = _failure_message(first)
         others = [_one_line(w) for w in failures[1:]]
@@ -329,7 +340,7 @@ def _send_error(results: Connection, rank: int, error: BaseException, context: s
         text = str(error)
     except Exception:  # noqa: BLE001 - a broken __str__ must not hide the traceback
         text = "<exception text unavailable>"
-    results.send_bytes(cloudpickle.dumps(("error", type(error).__name__, context + text, tb, stage)))
+    results.send_bytes(cloudpickle.dumps(("error", type(error).__name__, context + text, tb, stage, time.time())))
 
 
 def _exit_now(code: int) -> None:

@@ -101,8 +101,9 @@ class Worker:
     stdout: _OutputPump
     stderr: _OutputPump
     report: tuple | None = None
-    """("ok", result), ("error", exc_type, message, traceback, stage) or ("died", exitcode), once received;
-    ``stage`` is "rendezvous" when the rank raised while forming the process group, else "run"."""
+    """("ok", result), ("error", exc_type, message, traceback, stage, raised_at) or ("died", exitcode), once
+    received; ``stage`` is "rendezvous" when the rank raised while forming the process group, else "run";
+    ``raised_at`` is the rank's ``time.time()`` when it caught the error."""
 
     def stderr_tail(self, lines: int = 20) -> str:
         tail = list(self.stderr.lines)[-lines:]
