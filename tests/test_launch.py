@@ -206,6 +206,7 @@ def test_a_raising_rank_surfaces_its_rank_and_traceback():
 def _count_then_raise(log: str) -> None:
     with open(log, "a") as file:
         file.write(f"rank {dist.get_rank()}\n")
+    dist.barrier()  # both ranks have written before either raises (the caller kills the rest at the first failure)
     raise ValueError("fails after the group formed")
 
 
