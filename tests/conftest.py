@@ -6,13 +6,17 @@ import pytest
 import rank_checks
 
 _WAITS = pytest.StashKey[bool]()
-_IN_GROUP = pytest.StashKey[bool]()
 _READERS = pytest.StashKey[frozenset[str]]()
 RANK_CHECKS_GROUP = "rank-checks"
 
 
 def _reads_gloo_checks(item: pytest.Item) -> bool:
     return "gloo_checks" in item.fixturenames
+
+
+def _in_rank_checks_group(item: pytest.Item) -> bool:
+    """The notebook tests and the tests that read the launch's results: one xdist group, on the launching worker."""
+    return bool(item.get_closest_marker("notebooks")) or _reads_gloo_checks(item)
 
 
 def _readers(items: list[pytest.Item]) -> set[str]:
@@ -35,9 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (0 if item.get_closest_marker("notebooks") else 1 if item.module.__name__ in readers
                                  else 2))
     for item in items:
-        in_group = bool(item.get_closest_marker("notebooks")) or _reads_gloo_checks(item)
-        item.stash[_IN_GROUP] = in_group
-        item.add_marker(pytest.mark.xdist_group(RANK_CHECKS_GROUP if in_group else item.module.__name__))
+        item.add_marker(pytest.mark.xdist_group(RANK_CHECKS_GROUP if _in_rank_checks_group(item)
+                                                else item.module.__name__))
     # The first test after the notebook tests waits for what is left of the launch (every module's rank checks),
     # far past one test's timeout, as do the tests that read its results: their limit is the launch's own (which
     # ends a hung rank anyway).
@@ -52,7 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     readers = item.config.stash.get(_READERS, frozenset())
-    if item.stash.get(_IN_GROUP, False) and readers:
+    if readers and _in_rank_checks_group(item):
         # The group's first test starts the launch (a no-op after): under pytest-xdist every worker collects
         # every test, and only the one that runs the group may launch.
         rank_checks.start_once(readers)

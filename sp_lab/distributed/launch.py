@@ -197,16 +197,16 @@ def launch(
     check_before_launch(args, kwargs, world_size)
     backend = resolve_backend(backend, world_size)
     deadline = time.monotonic() + timeout
-    for attempt in range(1, _RENDEZVOUS_ATTEMPTS + 1):
+    for _ in range(_RENDEZVOUS_ATTEMPTS - 1):
         try:
             return _run_ranks(fn, args, kwargs, world_size, backend, timeout, deadline)
         except RankError as error:
-            if not error.during_rendezvous or attempt == _RENDEZVOUS_ATTEMPTS or time.monotonic() >= deadline:
+            if not error.during_rendezvous or time.monotonic() >= deadline:
                 raise
             first_line = str(error).splitlines()[0][:300]
             print(f"sp_lab.launch: the ranks could not form their process group ({first_line}); "
                   "starting them again", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    return _run_ranks(fn, args, kwargs, world_size, backend, timeout, deadline)
 
 
 def _run_ranks(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], world_size: int, backend: str,
