@@ -59,7 +59,10 @@ def compile(
     ``inspect_only`` (default: True when the model's parameters are on the meta device): capture, split and
     run every pass exactly as a real compile does and fill the CompileReport, but skip Inductor's code
     generation; calls then run the captured graph as it is (on meta tensors: shapes only). This is how an
-    80-layer 70B-shaped model at tp 8 is inspected on a laptop under ``fake_process_group(8)``.
+    80-layer 70B-shaped model at tp 8 is inspected on a laptop under ``fake_process_group(8)``. What only code
+    generation finds is not reported: under ``boundary="none"`` a shard that leaves a piece through
+    functionalization's ``copy_`` epilogue (an in-place residual) fails a real compile with a BoundaryError, while
+    an inspect-only compile of the same model reports its pieces and no failure.
     """
     if not isinstance(config, LabConfig):
         raise TypeError(f"config: expected sp_lab.LabConfig, got {type(config).__name__}")
