@@ -21,8 +21,8 @@ PYTEST_ARGS ?=
 # both busy. PYTEST_WORKERS=0 runs the session in one process.
 PYTEST_WORKERS ?= 2
 # The suite checks numerics, graphs and op counts, not how fast CPU kernels run: it has ATen and Inductor use plain
-# C++ (ATEN_CPU_CAPABILITY=default) rather than AVX2/AVX-512 code, which Inductor generates and g++ compiles about
-# 15 % faster (the rank checks of test_token_dim and test_compiler_backend, cold, 2 cores: 289 s of CPU -> 246 s).
+# C++ (ATEN_CPU_CAPABILITY=default) rather than AVX2/AVX-512 code, which Inductor generates and g++ compiles faster
+# (benchmarks/bench_suite_compile.py: 0.87-0.92x the time for test_token_dim's rank checks, cold, on 2 cores).
 # TEST_CPU_CAPABILITY= keeps the machine's own vector instructions.
 TEST_CPU_CAPABILITY ?= default
 LAB_PORT ?= 8888
