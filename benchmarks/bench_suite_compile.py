@@ -1,7 +1,7 @@
 """What the test suite's CPU setting buys: the cold compiles of test modules' rank checks with the machine's own
 vector instructions and with plain C++ kernels (``ATEN_CPU_CAPABILITY=default``, which ``make test`` sets).
 
-    python benchmarks/bench_suite_compile.py                                  # test_token_dim, 2 pairs
+    python benchmarks/bench_suite_compile.py                                  # test_compiler_backend, 2 pairs
     python benchmarks/bench_suite_compile.py --modules test_token_dim test_compiler_backend --pairs 3 --json
 
 Each run is a fresh interpreter that runs the registered rank checks of ``--modules`` (``tests/rank_checks.py``)
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_launch import machine
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 SETTINGS = {"native": None, "plain": "default"}  # ATEN_CPU_CAPABILITY
@@ -53,7 +53,7 @@ def time_one(modules: list[str], capability: str | None) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modules", nargs="+", default=["test_token_dim"], help="test modules with rank checks")
+    parser.add_argument("--modules", nargs="+", default=["test_compiler_backend"], help="test modules with rank checks")
     parser.add_argument("--pairs", type=int, default=2, help="native/plain pairs, the first of each rotating")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
@@ -71,15 +71,16 @@ def main() -> None:
         print(f"pair {i + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
               + f", plain / native {pairs[-1]['plain_over_native']:.3f}", file=sys.stderr)
     result = {
-        "measured": {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                     "torch": torch.__version__, "modules": args.modules, "kind": "measured, cold, 2 gloo ranks"},
+        "machine": machine(),
+        "measured": {"modules": args.modules, "kind": "measured, cold, 2 gloo ranks"},
         "pairs": pairs,
         "median_plain_over_native": statistics.median(p["plain_over_native"] for p in pairs),
     }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{', '.join(args.modules)} on {result['measured']['cpus']} CPUs, torch {torch.__version__}: "
+        print(f"{', '.join(args.modules)} on {result['machine']['cores']} cores ({result['machine']['cpu']}), "
+              f"torch {torch.__version__}: "
               f"plain C++ kernels take {result['median_plain_over_native']:.2f}x the native ones' time "
               f"(median of {len(pairs)} pairs)")
 
