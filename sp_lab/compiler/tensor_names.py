@@ -137,12 +137,23 @@ def _module_ast(file: str) -> ast.Module | None:
         return None
 
 
-def _function(frame: _Frame) -> ast.FunctionDef | None:
-    tree = _module_ast(frame.file)
-    if tree is None:
-        return None
-    found = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and f.name == frame.function and f.lineno <= frame.line <= (f.end_lineno or f.lineno)]
+@functools.lru_cache(maxsize=64)
+def _functions_by_name(file: str) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function of ``file`` by name, walked once per file: a boundary's names look up a frame for each of its
+    tensors' uses, and walking a whole module (transformers' modeling files run to thousands of lines) each time
+    cost a few percent of a compile."""
+    tree = _module_ast(file)
+    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    for f in ast.walk(tree) if tree is not None else ():
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.setdefault(f.name, []).append(f)
+    return functions
+
+
+def _function(frame: _Frame) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The innermost function named as the frame's that spans its line."""
+    found = [f for f in _functions_by_name(frame.file).get(frame.function, ())
+             if f.lineno <= frame.line <= (f.end_lineno or f.lineno)]
     return min(found, key=lambda f: (f.end_lineno or 0) - f.lineno, default=None)
 
 
