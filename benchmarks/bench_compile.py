@@ -34,15 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from machine import machine
 
 import sp_lab
 
@@ -192,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.warm and contender != BASELINE:
                 warm.append(_run_trial(contender, args, cache, repeat, warm=True))
 
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else ""), "python": sys.version.split()[0],
-            "torch": torch.__version__, "model": args.model, "layers": args.layers, "tokens": args.tokens, "dtype": args.dtype,
+    meta = {"machine": machine(), "model": args.model, "layers": args.layers, "tokens": args.tokens, "dtype": args.dtype,
             "repeats": args.repeats, "ranks": args.tp, "device": args.device, "cache": "empty per trial",
             "target_ratio": TARGET_RATIO}
     summary = _summary(trials)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 
 import torch
+from machine import describe, machine
 
 from sp_lab import models
 from sp_lab.bench.timing import time_cpu
@@ -29,25 +28,6 @@ DEFAULT_REPEATS = {"toy": (5, 30)}
 """Model name -> (warmup, repeats) when not given; the toy is cheap, so more samples beat the noise."""
 LARGE_MODEL_REPEATS = (1, 3)
 """(warmup, repeats) for presets: a 2-layer llama-3-8b forward takes seconds on a small CPU."""
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def machine() -> dict:
-    """What the numbers were measured on."""
-    return {
-        "cpu": _cpu_name(),
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def bench_model(
@@ -109,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in rows:
             print(json.dumps({**row, **info}))
         return
-    print(" ".join(f"{k}={v}" for k, v in info.items()))
+    print(describe(info))
     header = (
         f"{'model':<34} {'dtype':<9} {'tokens':>6} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'tok/s':>9}"
     )

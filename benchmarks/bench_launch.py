@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from machine import describe, machine
 
 import sp_lab
 
@@ -69,20 +69,6 @@ def time_launches(fn, world_size: int, repeats: int, backend: str) -> dict[str, 
     return times
 
 
-def machine() -> dict:
-    """Where the figures come from."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "gpus": gpus,
-        "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -112,9 +98,7 @@ def main() -> None:
         print(json.dumps({"machine": info, "backend": options.backend, "rows": rows}, indent=2))
         return
     print(
-        f"machine: {info['cores']} cores ({info['cpu']}), {info['gpus']} GPU(s)"
-        f"{' ' + info['gpu_name'] if info['gpu_name'] else ''}; python {info['python']}, "
-        f"torch {info['torch']}; {options.repeats} repeats, backend={options.backend}"
+        f"machine: {describe(info)}; {options.repeats} repeats, backend={options.backend}"
     )
     print(f"{'':48s} {'median':>8s} {'min':>8s} {'max':>8s}  forked/fresh")
     for row in rows:

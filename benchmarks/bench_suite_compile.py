@@ -7,8 +7,8 @@ vector instructions and with plain C++ kernels (``ATEN_CPU_CAPABILITY=default``,
 Each run is a fresh interpreter that runs the registered rank checks of ``--modules`` (``tests/rank_checks.py``)
 on 2 gloo ranks, as the suite's shared launch does, with an empty Inductor cache of its own and sp_lab's artifact
 cache off, so every kernel is generated and compiled. The two settings alternate (native, plain, native, ...,
-the first of each pair rotating), and the summary gives each pair's ratio plain / native and their median:
-figures from one run on one machine, side by side.
+the first of each pair rotating), and the summary gives each pair's ratio plain / native and their median, and
+each module's seconds (the slower rank's) under each setting: figures from one run on one machine, side by side.
 """
 
 from __future__ import annotations
@@ -24,31 +24,33 @@ import time
 from pathlib import Path
 
 import torch
-from bench_launch import machine
+from machine import machine
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 SETTINGS = {"native": None, "plain": "default"}  # ATEN_CPU_CAPABILITY
 _RUN = """
-import importlib, sys
+import importlib, json, sys
 sys.path.insert(0, {tests!r})
 import rank_checks
 for module in {modules!r}:
     importlib.import_module(module)
-rank_checks.launch_for({modules!r})
+per_rank = rank_checks.launch_for({modules!r})
+print(json.dumps({{m: max(r[m].seconds for r in per_rank) for m in per_rank[0]}}))
 """
 
 
-def time_one(modules: list[str], capability: str | None) -> float:
-    """Seconds for one cold run of the rank checks of ``modules`` under ``capability``."""
+def time_one(modules: list[str], capability: str | None) -> tuple[float, dict[str, float]]:
+    """One cold run of the rank checks of ``modules`` under ``capability``: its wall seconds (interpreter start,
+    launch and checks) and each module's checks' seconds (the slower rank's)."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if capability is not None:
         env["ATEN_CPU_CAPABILITY"] = capability
     with tempfile.TemporaryDirectory(prefix="bench_suite_compile_") as cache:
         env.update(TORCHINDUCTOR_CACHE_DIR=cache, SP_LAB_CACHE_DIR="off")
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", _RUN.format(tests=str(TESTS), modules=modules)], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        return time.perf_counter() - started
+        run = subprocess.run([sys.executable, "-c", _RUN.format(tests=str(TESTS), modules=modules)], env=env,
+                             check=True, stdout=subprocess.PIPE, text=True)
+        return time.perf_counter() - started, json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -66,8 +68,10 @@ def main() -> None:
     pairs = []
     for i in range(args.pairs):
         order = list(SETTINGS) if i % 2 == 0 else list(reversed(SETTINGS))
-        seconds = {name: time_one(args.modules, SETTINGS[name]) for name in order}
-        pairs.append({**seconds, "plain_over_native": seconds["plain"] / seconds["native"]})
+        runs = {name: time_one(args.modules, SETTINGS[name]) for name in order}
+        seconds = {name: wall for name, (wall, _) in runs.items()}
+        pairs.append({**seconds, "plain_over_native": seconds["plain"] / seconds["native"],
+                      "modules_s": {name: per_module for name, (_, per_module) in runs.items()}})
         print(f"pair {i + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
               + f", plain / native {pairs[-1]['plain_over_native']:.3f}", file=sys.stderr)
     result = {
@@ -83,6 +87,9 @@ def main() -> None:
               f"torch {torch.__version__}: "
               f"plain C++ kernels take {result['median_plain_over_native']:.2f}x the native ones' time "
               f"(median of {len(pairs)} pairs)")
+        for module in args.modules:
+            print(f"  {module}: " + ", ".join(
+                f"{name} {statistics.median(p['modules_s'][name][module] for p in pairs):.1f} s" for name in SETTINGS))
 
 
 if __name__ == "__main__":

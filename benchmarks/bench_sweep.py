@@ -23,7 +23,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from machine import machine
 
 from sp_lab.bench.store import SweepStore
 from sp_lab.bench.sweep import DEFAULT_VARIANTS, launch_sweep
@@ -82,7 +83,7 @@ def main() -> int:
     df = SweepStore(store_dir).read()
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     figures = {
-        "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "command": " ".join(sys.argv),
         "model": args.model,
         "tp": args.tp,

@@ -64,7 +64,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def gloo_checks(request: pytest.FixtureRequest) -> list[dict]:
+def gloo_checks(request: pytest.FixtureRequest) -> rank_checks.PerRank:
     """One launch of 2 gloo ranks running the registered rank checks of every selected module that uses this
     fixture (tests/rank_checks.py), started in the background at the first notebook test: one pair of
     interpreters and one Inductor start-up instead of one per module, its compiles beside the notebook tests."""

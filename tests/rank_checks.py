@@ -32,11 +32,40 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 WORLD_SIZE = 2
 
-_REGISTERED: dict[str, tuple[Callable[..., Any], tuple | Callable[[], tuple], float]] = {}
+
+class Registered(NamedTuple):
+    """A module's rank function, its arguments (or the ``prepare`` that makes them) and its share of the timeout."""
+
+    fn: Callable[..., Any]
+    args: tuple | Callable[[], tuple]
+    timeout: float
+
+
+class Check(NamedTuple):
+    """What a rank runs for one module: its function and arguments."""
+
+    module: str
+    fn: Callable[..., Any]
+    args: tuple
+
+
+class CheckResult(NamedTuple):
+    """One module's checks on one rank: whether they ran through, what they returned (else the rank's
+    traceback) and how long they took."""
+
+    ok: bool
+    value: Any
+    seconds: float
+
+
+PerRank = list[dict[str, CheckResult]]
+"""A launch's results: per rank, ``{module: CheckResult}``."""
+
+_REGISTERED: dict[str, Registered] = {}
 _started: Future | None = None
 
 
@@ -46,49 +75,49 @@ def register(module: str, fn: Callable[..., Any], *args: Any, timeout: float,
 
     ``prepare``: called in the test process just before the launch, returns the arguments instead of ``args``
     (e.g. the path of a checkpoint it wrote, which must not be written at import)."""
-    _REGISTERED[module] = (fn, prepare if prepare is not None else args, timeout)
+    _REGISTERED[module] = Registered(fn, prepare if prepare is not None else args, timeout)
 
 
 def total_timeout() -> float:
     """The shared launch's longest run: the timeouts of every registered check, added."""
-    return sum(timeout for _, _, timeout in _REGISTERED.values())
+    return sum(registered.timeout for registered in _REGISTERED.values())
 
 
-def _run_on_rank(checks: list[tuple[str, Callable[..., Any], tuple]]) -> dict[str, tuple[bool, Any, float]]:
-    """On each rank: every check in turn -> ``{module: (ok, result or traceback, seconds)}``."""
+def _run_on_rank(checks: list[Check]) -> dict[str, CheckResult]:
+    """On each rank: every check in turn."""
     import torch
 
     out = {}
-    for module, fn, args in checks:
+    for check in checks:
         torch._dynamo.reset()  # each module's checks start from a clean Dynamo, as in a launch of their own
         start = time.monotonic()
         try:
-            out[module] = (True, fn(*args), time.monotonic() - start)
+            out[check.module] = CheckResult(True, check.fn(*check.args), time.monotonic() - start)
         except Exception:  # noqa: BLE001 - reported to that module's tests, the others go on
-            out[module] = (False, traceback.format_exc(), time.monotonic() - start)
+            out[check.module] = CheckResult(False, traceback.format_exc(), time.monotonic() - start)
     return out
 
 
-def _checks_of(modules: Iterable[str]) -> list[tuple[str, Callable[..., Any], tuple]]:
-    """``(module, fn, args)`` of the registered checks of ``modules``, each ``prepare`` called here."""
+def _checks_of(modules: Iterable[str]) -> list[Check]:
+    """The registered checks of ``modules``, each ``prepare`` called here."""
     checks = []
-    for m in sorted(set(modules) & set(_REGISTERED)):
-        fn, args, _ = _REGISTERED[m]
-        checks.append((m, fn, args() if callable(args) else args))
+    for module in sorted(set(modules) & set(_REGISTERED)):
+        fn, args, _ = _REGISTERED[module]
+        checks.append(Check(module, fn, args() if callable(args) else args))
     return checks
 
 
-def _launch(checks: list[tuple[str, Callable[..., Any], tuple]]) -> list[dict[str, tuple[bool, Any, float]]]:
+def _launch(checks: list[Check]) -> PerRank:
     import sp_lab
 
     if not checks:
         return [{} for _ in range(WORLD_SIZE)]
-    timeout = sum(_REGISTERED[m][2] for m, _, _ in checks)
+    timeout = sum(_REGISTERED[check.module].timeout for check in checks)
     return sp_lab.launch(_run_on_rank, checks, world_size=WORLD_SIZE, backend="gloo", timeout=timeout)
 
 
-def launch_for(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
-    """One launch running the registered checks of ``modules``; per rank, ``{module: (ok, result, seconds)}``."""
+def launch_for(modules: Iterable[str]) -> PerRank:
+    """One launch running the registered checks of ``modules``."""
     return _launch(_checks_of(modules))
 
 
@@ -121,20 +150,20 @@ def wait() -> None:
         _started.exception()  # waits; its failure is for the tests that read the results
 
 
-def result(modules: Iterable[str]) -> list[dict[str, tuple[bool, Any, float]]]:
+def result(modules: Iterable[str]) -> PerRank:
     """The results of the launch :func:`start_once` began (waiting for it), or of a launch for ``modules`` now."""
     return _started.result() if _started is not None else launch_for(modules)
 
 
-def results_of(per_rank: list[dict[str, tuple[bool, Any, float]]], module: str) -> list[Any]:
+def results_of(per_rank: PerRank, module: str) -> list[Any]:
     """``module``'s results, one per rank; raises with the rank's traceback if its checks raised there."""
     results = []
     for rank, checks in enumerate(per_rank):
         if module not in checks:
             raise RuntimeError(f"{module} registered no rank checks (rank_checks.register at import) or was not "
                                "selected when the shared launch started")
-        ok, value, _ = checks[module]
-        if not ok:
-            raise RuntimeError(f"the rank checks of {module} raised on rank {rank}:\n{value}")
-        results.append(value)
+        got = checks[module]
+        if not got.ok:
+            raise RuntimeError(f"the rank checks of {module} raised on rank {rank}:\n{got.value}")
+        results.append(got.value)
     return results
