@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-from machine import machine
+from machine import describe, machine
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 SETTINGS = {"native": None, "plain": "default"}  # ATEN_CPU_CAPABILITY
@@ -83,8 +82,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{', '.join(args.modules)} on {result['machine']['cores']} cores ({result['machine']['cpu']}), "
-              f"torch {torch.__version__}: "
+        print(f"{', '.join(args.modules)} on {describe(result['machine'])}: "
               f"plain C++ kernels take {result['median_plain_over_native']:.2f}x the native ones' time "
               f"(median of {len(pairs)} pairs)")
         for module in args.modules:

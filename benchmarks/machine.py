@@ -1,7 +1,8 @@
 """What a benchmark's figures were measured on: one record for every script under ``benchmarks/``.
 
-A figure means little without its machine, so each script prints this beside its numbers. The CPU's name is the one sp_lab's sweep rows carry
-(:func:`sp_lab.bench.sweep.cpu_name`), so a benchmark and a sweep from one machine name it alike.
+A figure means little without its machine, so each script prints this beside its numbers. The CPU's name is the
+one sp_lab's sweep rows carry (:func:`sp_lab.bench.sweep.cpu_name`), so a benchmark and a sweep from one machine
+name it alike.
 """
 
 from __future__ import annotations

@@ -102,8 +102,9 @@ def _checks_of(modules: Iterable[str]) -> list[Check]:
     """The registered checks of ``modules``, each ``prepare`` called here."""
     checks = []
     for module in sorted(set(modules) & set(_REGISTERED)):
-        fn, args, _ = _REGISTERED[module]
-        checks.append(Check(module, fn, args() if callable(args) else args))
+        registered = _REGISTERED[module]
+        args = registered.args() if callable(registered.args) else registered.args
+        checks.append(Check(module, registered.fn, args))
     return checks
 
 

@@ -130,21 +130,16 @@ def _frames(stack_trace: str | None) -> list[_Frame]:
 
 
 @functools.lru_cache(maxsize=64)
-def _module_ast(file: str) -> ast.Module | None:
-    try:
-        return ast.parse("".join(linecache.getlines(file)))
-    except (SyntaxError, ValueError):
-        return None
-
-
-@functools.lru_cache(maxsize=64)
 def _functions_by_name(file: str) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """Every function of ``file`` by name, walked once per file: a boundary's names look up a frame for each of its
-    tensors' uses, and walking a whole module (transformers' modeling files run to thousands of lines) each time
-    cost a few percent of a compile."""
-    tree = _module_ast(file)
+    """Every function of ``file`` by name, parsed and walked once per file: a boundary's names look up a frame for
+    each of its tensors' uses, and walking a whole module (transformers' modeling files run to thousands of lines)
+    each time cost a few percent of a compile. Empty when the source does not parse."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return {}
     functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-    for f in ast.walk(tree) if tree is not None else ():
+    for f in ast.walk(tree):
         if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions.setdefault(f.name, []).append(f)
     return functions
