@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import rank_checks
 
@@ -69,3 +71,13 @@ def gloo_checks(request: pytest.FixtureRequest) -> rank_checks.PerRank:
     fixture (tests/rank_checks.py), started in the background at the first notebook test: one pair of
     interpreters and one Inductor start-up instead of one per module, its compiles beside the notebook tests."""
     return rank_checks.result(request.config.stash[_READERS])
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process for the test, as in a notebook kernel (whose interrupt
+    button sends SIGINT and which installs its own handler). A session started in the background by a shell
+    without job control (``cmd &`` in a script) inherits SIGINT ignored, and Python then keeps it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

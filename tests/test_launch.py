@@ -296,7 +296,7 @@ def test_an_unpicklable_result_is_reported_as_such():
         sp_lab.launch(_return_unpicklable, world_size=1, timeout=60)
 
 
-def test_ctrl_c_in_the_caller_kills_the_workers():
+def test_ctrl_c_in_the_caller_kills_the_workers(ctrl_c_raises):
     # A real SIGINT, as a notebook's "interrupt kernel" sends, once the workers are up.
     timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()

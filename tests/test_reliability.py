@@ -278,7 +278,7 @@ def test_a_rank_that_hangs_mid_sweep_times_out_naming_it_and_the_sweep_resumes(t
     assert_resumes(store_dir, before)
 
 
-def test_interrupting_the_notebook_kernel_mid_sweep_stops_the_ranks_and_the_sweep_resumes(tmp_path):
+def test_interrupting_the_notebook_kernel_mid_sweep_stops_the_ranks_and_the_sweep_resumes(tmp_path, ctrl_c_raises):
     """Jupyter's "interrupt kernel" is a SIGINT to the kernel process: here, the caller of launch_sweep."""
     store_dir, pid_dir = tmp_path / "store", pid_dir_in(tmp_path)
     streamed: list[dict] = []
