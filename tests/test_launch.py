@@ -320,9 +320,10 @@ sp_lab.launch(report_pid_then_sleep, world_size=2, timeout=120)
 """
 
 
-def test_workers_die_with_a_killed_caller():
-    # A notebook kernel killed outright runs no clean-up: the lifeline pipe must take the ranks down.
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def test_workers_die_with_a_killed_caller(tmp_path):
+    # A notebook kernel killed outright runs no clean-up: the lifeline pipe must take the ranks down, and they
+    # remove the launch's temporary directory (the pickled job) that the caller could not.
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
     caller = subprocess.Popen(
         [sys.executable, "-c", _CALLER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO
     )
@@ -342,6 +343,8 @@ def test_workers_die_with_a_killed_caller():
         while any(map(_is_alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(map(_is_alive, pids)), "ranks outlived their SIGKILLed caller"
+        left = list(tmp_path.glob("sp_lab_launch_*"))
+        assert not left, f"the launch's temporary directory outlived its SIGKILLed caller: {left}"
     finally:
         caller.kill()
         caller.wait()
@@ -388,8 +391,9 @@ def test_auto_picks_gloo_without_gpus():
 # The same function under torchrun
 
 
-def test_the_same_function_runs_under_torchrun():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+def test_the_same_function_runs_under_torchrun(tmp_path):
+    # TMPDIR: torchrun leaves its log directory (torchelastic_*) behind; here it goes with the test's.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), TMPDIR=str(tmp_path))
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "sp_lab.distributed.launch", "test_launch:_torchrun_job", "hello",

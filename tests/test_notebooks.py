@@ -48,10 +48,14 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
         notebook_runs.assert_ran_cleanly(ran, path.name)
         print(f"{path.name}: checked on its run in JupyterLab (tests/browser/)")
         return
-    # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared, and a fresh
-    # output folder instead of the checkout's out/ (the notebooks write where the CLI does: sp_lab.paths).
+    # The kernel inherits this environment: smoke setting on, the run's Inductor cache shared, a fresh output
+    # folder instead of the checkout's out/ (the notebooks write where the CLI does: sp_lab.paths), and a
+    # temporary directory of its own, which the notebook must leave empty once its kernel has shut down.
     monkeypatch.setenv("SP_LAB_SMOKE", "1")
     monkeypatch.setenv("SP_LAB_OUT", str(tmp_path / "out"))
+    kernel_tmp = tmp_path / "tmp"
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
@@ -62,4 +66,7 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
         pytest.fail(f"{path.name} failed in smoke mode:\n{e}", pytrace=False)
     warned = notebook_runs.sp_lab_warnings(nb)
     assert not warned, f"{path.name}: sp_lab's own code warns:\n" + "\n".join(warned)
+    # Inductor's cache (torchinductor_<user>, where TORCHINDUCTOR_CACHE_DIR is unset) is kept by design.
+    left = sorted(p.name for p in kernel_tmp.iterdir() if not p.name.startswith("torchinductor_"))
+    assert not left, f"{path.name} left temporary files behind after its kernel shut down: {left}"
     print(f"{path.name}: {time.perf_counter() - start:.1f} s (SP_LAB_SMOKE=1, {os.cpu_count()} CPUs)")

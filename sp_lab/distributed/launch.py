@@ -313,8 +313,12 @@ def _wait_for_reports(workers: list[Worker], deadline: float, timeout: float) ->
 # The worker's side
 
 
-def _watch_lifeline(fd: int) -> None:
-    """Kill this worker's whole process group as soon as the caller is gone (its end of the pipe closes)."""
+def _watch_lifeline(fd: int, workdir: str) -> None:
+    """Kill this worker's whole process group as soon as the caller is gone (its end of the pipe closes).
+
+    A caller killed outright (a notebook kernel's SIGKILL) removes nothing: its ranks remove the launch's
+    ``workdir`` (the pickled job) on their way out instead. A caller that lived does it too; both ignore a
+    directory already gone."""
 
     def watch() -> None:
         try:
@@ -322,6 +326,7 @@ def _watch_lifeline(fd: int) -> None:
                 pass
         except OSError:
             pass
+        shutil.rmtree(workdir, ignore_errors=True)
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="sp_lab-lifeline", daemon=True).start()
@@ -354,7 +359,7 @@ def _exit_now(code: int) -> None:
 def _spawned_worker_main(argv: Sequence[str]) -> None:
     """Entry point of a rank started by :func:`launch` (see ``_BOOTSTRAP``)."""
     job_path, result_fd, lifeline_fd = argv[0], int(argv[1]), int(argv[2])
-    _watch_lifeline(lifeline_fd)
+    _watch_lifeline(lifeline_fd, os.path.dirname(job_path))
     faulthandler.enable()  # a segfault leaves a Python stack in the stderr tail the caller quotes
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the caller's "where are you stuck?"
