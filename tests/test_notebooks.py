@@ -10,7 +10,9 @@ Deselect with ``-m "not notebooks"``.
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +57,12 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
     monkeypatch.setenv("SP_LAB_OUT", str(tmp_path / "out"))
     kernel_tmp = tmp_path / "tmp"
     kernel_tmp.mkdir()
+    # Inductor keeps its precompiled C++ headers (about 130 MB, several seconds of g++ each) under
+    # $TMPDIR/torchinductor_<user> even where TORCHINDUCTOR_CACHE_DIR is set: the kernel's own TMPDIR links
+    # to the run's, so the notebook builds none of them again.
+    inductor_tmp = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    inductor_tmp.mkdir(exist_ok=True)
+    (kernel_tmp / inductor_tmp.name).symlink_to(inductor_tmp, target_is_directory=True)
     monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
@@ -66,7 +74,7 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
         pytest.fail(f"{path.name} failed in smoke mode:\n{e}", pytrace=False)
     warned = notebook_runs.sp_lab_warnings(nb)
     assert not warned, f"{path.name}: sp_lab's own code warns:\n" + "\n".join(warned)
-    # Inductor's cache (torchinductor_<user>, where TORCHINDUCTOR_CACHE_DIR is unset) is kept by design.
+    # Inductor's own directory (torchinductor_<user>, linked above) is kept by design.
     left = sorted(p.name for p in kernel_tmp.iterdir() if not p.name.startswith("torchinductor_"))
     assert not left, f"{path.name} left temporary files behind after its kernel shut down: {left}"
     print(f"{path.name}: {time.perf_counter() - start:.1f} s (SP_LAB_SMOKE=1, {os.cpu_count()} CPUs)")
