@@ -10,14 +10,13 @@ Deselect with ``-m "not notebooks"``.
 
 from __future__ import annotations
 
-import getpass
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import notebook_runs
 import pytest
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -60,7 +59,7 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
     # Inductor keeps its precompiled C++ headers (about 130 MB, several seconds of g++ each) under
     # $TMPDIR/torchinductor_<user> even where TORCHINDUCTOR_CACHE_DIR is set: the kernel's own TMPDIR links
     # to the run's, so the notebook builds none of them again.
-    inductor_tmp = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    inductor_tmp = Path(default_cache_dir())  # Inductor's own choice of name (the user's, or uid_<n> without one)
     inductor_tmp.mkdir(exist_ok=True)
     (kernel_tmp / inductor_tmp.name).symlink_to(inductor_tmp, target_is_directory=True)
     monkeypatch.setenv("TMPDIR", str(kernel_tmp))
