@@ -73,7 +73,6 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch, tmp_path):
         pytest.fail(f"{path.name} failed in smoke mode:\n{e}", pytrace=False)
     warned = notebook_runs.sp_lab_warnings(nb)
     assert not warned, f"{path.name}: sp_lab's own code warns:\n" + "\n".join(warned)
-    # Inductor's own directory (torchinductor_<user>, linked above) is kept by design.
-    left = sorted(p.name for p in kernel_tmp.iterdir() if not p.name.startswith("torchinductor_"))
+    left = sorted(p.name for p in kernel_tmp.iterdir() if p.name != inductor_tmp.name)  # all but the link above
     assert not left, f"{path.name} left temporary files behind after its kernel shut down: {left}"
     print(f"{path.name}: {time.perf_counter() - start:.1f} s (SP_LAB_SMOKE=1, {os.cpu_count()} CPUs)")
