@@ -14,11 +14,13 @@ pass manager's ``uuid()`` and the piece's structural fingerprint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import fcntl
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +68,11 @@ class InductorPieces:
 
     def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
         side_file = _record_path(passes.uuid(), structural_fingerprint(gm, inputs))
+        with _first_compile_turn(side_file):  # until the record is saved: a process waiting for it reads it
+            return self._compile(gm, inputs, passes, side_file)
+
+    def _compile(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager,
+                 side_file: Path) -> CompiledPiece:
         compile_one = _compile_aten_piece if self.aten else _compile_dynamo_piece
         with torch._inductor.config.patch({"post_grad_custom_post_pass": passes, "fx_graph_cache": True}):
             fn = compile_one(gm, inputs)
@@ -154,6 +161,28 @@ def _record_path(pass_uuid: str, fingerprint: str) -> Path:
     key = hashlib.sha256(f"{pass_uuid}:{fingerprint}".encode()).hexdigest()[:32]
     root = artifact_cache_dir() or Path(cache_dir())
     return root / "sp_lab_piece_records" / f"{key}.json"
+
+
+@contextlib.contextmanager
+def _first_compile_turn(side_file: Path) -> Iterator[None]:
+    """Held while a piece compiles that no process has compiled into this cache yet, so that processes compiling
+    the same piece at the same moment take turns: the first compiles, the others wait, then hit Inductor's cache
+    and read the record the first left in ``side_file``.
+
+    The ranks of a launch are such processes: they compile each range at the same moment, and most pieces are
+    one graph on every rank (weights are inputs; a value that differs by rank, such as the offset of a rank's
+    rows, makes a piece another graph, hence another file and no wait). Without turns every rank would miss the
+    cache and generate the same code. Once the record is there, the loads run side by side. The lock is the
+    operating system's (``flock``), released when its file closes: also by a process that dies holding it."""
+    if side_file.exists():
+        yield
+        return
+    side_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(side_file.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if side_file.exists():  # compiled while this process waited: load it beside the other waiters
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 def _save(path: Path, record: PieceRecord) -> None:

@@ -366,12 +366,17 @@ class VocabParallelEmbedding(nn.Module):
         local = tp.shard(vocab_size, "vocab_size")
         self.vocab_start, self.vocab_end = tp.rank * local, (tp.rank + 1) * local
         self.weight = _parameter((local, hidden_size), dtype, device)
+        # The forward reads this rank's range from tensors, not Python ints: Dynamo makes buffers graph inputs
+        # and ints constants, so the compiled graph holds nothing rank-specific and every rank of a launch can
+        # use the one compile of it (piece_compilers._first_compile_turn).
+        self.register_buffer("first_id", torch.tensor(self.vocab_start, device=device), persistent=False)
+        self.register_buffer("end_id", torch.tensor(self.vocab_end, device=device), persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return F.embedding(input_ids, self.weight)
-        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
-        local_ids = (input_ids - self.vocab_start).masked_fill(outside, 0)
+        outside = (input_ids < self.first_id) | (input_ids >= self.end_id)
+        local_ids = (input_ids - self.first_id).masked_fill(outside, 0)
         out = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         return funcol.all_reduce(out, "sum", self.tp.group())
 
