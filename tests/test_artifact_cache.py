@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import fcntl
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ import sp_lab
 from sp_lab.compiler import inspection
 from sp_lab.compiler.artifact_cache import range_key
 from sp_lab.compiler.passes import post_grad
+from sp_lab.compiler.piece_compilers import _compile_turn
 from sp_lab.compiler.ranges import CompileRange
 from sp_lab.distributed.collectives import fake_process_group
 
@@ -115,6 +117,25 @@ def test_the_key_changes_with_any_config_field_alone(field, value):
     changed = dataclasses.replace(CONFIG, **{field: value})
     assert range_key(gm, inputs, changed, {"device": "cpu"}, rng, "pass-uuid") != key
     assert range_key(gm, inputs, CONFIG, {"device": "cpu"}, rng, "other-pass-uuid") != key
+
+
+def test_a_piece_another_process_is_compiling_is_left_for_later_or_waited_for(tmp_path):
+    record = tmp_path / "records" / "piece.json"
+    record.parent.mkdir()
+    with open(record.with_suffix(".lock"), "a") as other:  # another open file: flock holds against it as against
+        fcntl.flock(other, fcntl.LOCK_EX)                   # another process
+        with _compile_turn(record, wait=False) as ours:
+            assert ours is False  # busy: the caller compiles its other pieces first
+        fcntl.flock(other, fcntl.LOCK_UN)
+    with _compile_turn(record, wait=False) as ours:
+        assert ours is True
+        with open(record.with_suffix(".lock"), "a") as other, pytest.raises(BlockingIOError):  # held meanwhile
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    record.write_text("{}")  # compiled: later turns take no lock and load side by side
+    with open(record.with_suffix(".lock"), "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with _compile_turn(record, wait=False) as ours:
+            assert ours is True
 
 
 # -- 2 gloo ranks: one compile for both ----------------------------------------------------------------------------

@@ -50,8 +50,11 @@ class CompiledPiece:
 
 
 class PieceCompiler(Protocol):
-    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
-        """Compile ``gm`` for ``inputs`` (fake) with ``passes`` as Inductor's post-grad pass."""
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager, *,
+                 wait: bool = True) -> CompiledPiece | None:
+        """Compile ``gm`` for ``inputs`` (fake) with ``passes`` as Inductor's post-grad pass.
+
+        ``wait=False``: None, at once, while another process is compiling the same piece."""
         ...
 
 
@@ -66,10 +69,11 @@ class InductorPieces:
 
     aten: bool = False  # the piece is already functional aten (sharded path): inner compile, no AOT trace
 
-    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager, *,
+                 wait: bool = True) -> CompiledPiece | None:
         side_file = _record_path(passes.uuid(), structural_fingerprint(gm, inputs))
-        with _first_compile_turn(side_file):  # until the record is saved: a process waiting for it reads it
-            return self._compile(gm, inputs, passes, side_file)
+        with _compile_turn(side_file, wait=wait) as ours:  # until the record is saved: a waiting process reads it
+            return self._compile(gm, inputs, passes, side_file) if ours else None
 
     def _compile(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager,
                  side_file: Path) -> CompiledPiece:
@@ -94,7 +98,8 @@ class InductorPieces:
 class PassesOnly:
     """AOT-trace ``gm`` to the functional aten graph Inductor would receive and run the pass on it."""
 
-    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager) -> CompiledPiece:
+    def __call__(self, gm: fx.GraphModule, inputs: list[Any], passes: PostGradPassManager, *,
+                 wait: bool = True) -> CompiledPiece:
         def forward_compiler(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
             passes(aten_gm.graph)
             aten_gm.recompile()
@@ -164,10 +169,11 @@ def _record_path(pass_uuid: str, fingerprint: str) -> Path:
 
 
 @contextlib.contextmanager
-def _first_compile_turn(side_file: Path) -> Iterator[None]:
-    """Held while a piece compiles that no process has compiled into this cache yet, so that processes compiling
-    the same piece at the same moment take turns: the first compiles, the others wait, then hit Inductor's cache
-    and read the record the first left in ``side_file``.
+def _compile_turn(side_file: Path, *, wait: bool) -> Iterator[bool]:
+    """Whether this process compiles the piece now: held while a piece compiles that no process has compiled into
+    this cache yet, so that processes compiling the same piece at the same moment take turns. The first compiles;
+    the others wait, then hit Inductor's cache and read the record the first left in ``side_file`` -- or, with
+    ``wait=False``, get False at once and compile another piece meanwhile.
 
     The ranks of a launch are such processes: they compile each range at the same moment, and most pieces are
     one graph on every rank (weights are inputs; a value that differs by rank, such as the offset of a rank's
@@ -175,14 +181,18 @@ def _first_compile_turn(side_file: Path) -> Iterator[None]:
     cache and generate the same code. Once the record is there, the loads run side by side. The lock is the
     operating system's (``flock``), released when its file closes: also by a process that dies holding it."""
     if side_file.exists():
-        yield
+        yield True
         return
     side_file.parent.mkdir(parents=True, exist_ok=True)
     with open(side_file.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process compiles it now
+            yield False
+            return
         if side_file.exists():  # compiled while this process waited: load it beside the other waiters
             fcntl.flock(lock, fcntl.LOCK_UN)
-        yield
+        yield True
 
 
 def _save(path: Path, record: PieceRecord) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -200,18 +200,18 @@ class RangeCompiler:
         fake_mode = detect_fake_mode(inputs) or self.fake_mode
         fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(
             x, torch._subclasses.FakeTensor) else x for x in inputs]
-        walk = _PieceWalk(split.module, split, lambda submod, args, index, name: self._compile_piece(
-            submod, args, index, name, pieces, sp=in_piece_sp))
+        walk = _PieceWalk(split.module, split)
         with fake_mode:
             walk.run(*fake_inputs)
-        self.report.pieces = walk.records
+            compiled = self._compile_pieces(walk.jobs, pieces, sp=in_piece_sp)
+        self.report.pieces = [compiled[x.name].record if isinstance(x, _PieceJob) else x for x in walk.order]
         token_node = [n for n in split.module.graph.nodes if n.op == "placeholder"][self.token_index]
         self.report.boundaries = record_boundaries(
-            split, walk.values, walk.values[token_node].shape[: self.config.token_dim + 1], walk.records, self.names,
-            self.effective.tp_size)
+            split, walk.values, walk.values[token_node].shape[: self.config.token_dim + 1], self.report.pieces,
+            self.names, self.effective.tp_size)
 
         for piece in split.compiled_pieces:
-            fn = walk.compiled[piece.name]
+            fn = compiled[piece.name].fn
             if self.effective.cudagraphs:
                 fn = CudaGraphPiece(fn, self.at_capture_size)
             split.module.__dict__[piece.name] = guard_inputs(
@@ -222,8 +222,26 @@ class RangeCompiler:
 
         return run
 
-    def _compile_piece(self, submod: fx.GraphModule, args: list[Any], index: int, name: str, pieces: PieceCompiler,
-                       *, sp: bool) -> CompiledPiece:
+    def _compile_pieces(self, jobs: list[_PieceJob], pieces: PieceCompiler, *, sp: bool) -> dict[str, CompiledPiece]:
+        """Every piece of the walk, compiled, by name. A piece that another process is compiling at this moment is
+        left for last, then loaded from the cache: the ranks of a launch split a range's pieces between them, each
+        taking the next one nobody holds, instead of each generating all of them (``piece_compilers``)."""
+        done: dict[str, CompiledPiece] = {}
+        held = []
+        for job in jobs:
+            compiled = self._compile_piece(job, pieces, sp=sp, wait=False)
+            if compiled is None:
+                held.append(job)
+            else:
+                done[job.name] = compiled
+        for job in held:
+            done[job.name] = self._compile_piece(job, pieces, sp=sp, wait=True)
+        return done
+
+    def _compile_piece(self, job: _PieceJob, pieces: PieceCompiler, *, sp: bool, wait: bool) -> CompiledPiece | None:
+        """``job`` compiled (or served by an identical piece of this range); None when ``wait`` is off and another
+        process is compiling it."""
+        submod, args, index, name = job
         fingerprint = structural_fingerprint(submod, args)
         if fingerprint in self._dedup:
             hit = self._dedup[fingerprint]
@@ -232,7 +250,7 @@ class RangeCompiler:
         passes = self._passes(sp=sp, boundary=self.config.boundary, index=index, name=name)
         start = time.perf_counter()
         try:
-            compiled = pieces(submod, args, passes)
+            compiled = pieces(submod, args, passes, wait=wait)
         except Exception as e:
             failure = copy_epilogue_failure(e, passes.record)
             if failure is None:
@@ -240,6 +258,8 @@ class RangeCompiler:
             failure = with_range(failure, self.range)
             self.report.failures.append(failure)
             raise BoundaryError(explain(failure, self.range, self.config.boundary)) from e
+        if compiled is None:
+            return None
         record = dataclasses.replace(
             compiled.record, compile_time_s=time.perf_counter() - start, fingerprint=fingerprint, cache_hit=False,
             inductor_cache_hit=compiled.inductor_cache_hit, inputs=_input_specs(submod, args))
@@ -247,20 +267,27 @@ class RangeCompiler:
         return compiled
 
 
-class _PieceWalk(fx.Interpreter):
-    """Runs a split graph over fake inputs, compiling every non-splitting piece with the fake args it gets.
+class _PieceJob(NamedTuple):
+    """A piece to compile, with the fake arguments the walk gave it."""
 
-    Afterwards: ``compiled`` (callables by piece name), ``records`` (one per piece, in order) and ``values``
-    (the fake value of every node of the split graph).
+    submod: fx.GraphModule
+    args: list[Any]
+    index: int
+    name: str
+
+
+class _PieceWalk(fx.Interpreter):
+    """Runs a split graph over fake inputs, collecting every non-splitting piece with the fake args it gets.
+
+    Afterwards: ``jobs`` (the pieces to compile, in order), ``order`` (per piece its job, or the record of a
+    splitting op) and ``values`` (the fake value of every node of the split graph).
     """
 
-    def __init__(self, module: fx.GraphModule, split: SplitGraph,
-                 compile_piece: Callable[[fx.GraphModule, list[Any], int, str], CompiledPiece]):
+    def __init__(self, module: fx.GraphModule, split: SplitGraph):
         super().__init__(module)
         self.pieces = {p.name: p for p in split.pieces}
-        self.compile_piece = compile_piece
-        self.compiled: dict[str, Callable] = {}
-        self.records: list[PieceRecord] = []
+        self.jobs: list[_PieceJob] = []
+        self.order: list[PieceRecord | _PieceJob] = []
         self.values: dict[fx.Node, Any] = {}
 
     def run_node(self, n: fx.Node) -> Any:
@@ -271,15 +298,14 @@ class _PieceWalk(fx.Interpreter):
         submod = self.fetch_attr(target)
         piece = self.pieces[target]
         if piece.splitting_op is not None:
-            self.records.append(PieceRecord(piece.index, target, "splitting_op", op=piece.splitting_op))
+            self.order.append(PieceRecord(piece.index, target, "splitting_op", op=piece.splitting_op))
             return submod(*args, **kwargs)
-        # Run the piece before compiling it: Inductor rewrites a piece that returns one value to return a list,
-        # in place, so the submodule would hand the next op a list afterwards.
-        out = submod(*args, **kwargs)
-        compiled = self.compile_piece(submod, list(args), piece.index, target)
-        self.compiled[target] = compiled.fn
-        self.records.append(compiled.record)
-        return out
+        # Pieces compile after the walk: Inductor rewrites a piece that returns one value to return a list, in
+        # place, so a compiled submodule would hand the next op a list.
+        job = _PieceJob(submod, list(args), piece.index, target)
+        self.jobs.append(job)
+        self.order.append(job)
+        return submod(*args, **kwargs)
 
 
 def _input_specs(gm: fx.GraphModule, inputs: list[Any]) -> tuple:
