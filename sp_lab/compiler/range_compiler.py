@@ -279,16 +279,19 @@ class _PieceJob(NamedTuple):
 class _PieceWalk(fx.Interpreter):
     """Runs a split graph over fake inputs, collecting every non-splitting piece with the fake args it gets.
 
-    Afterwards: ``jobs`` (the pieces to compile, in order), ``order`` (per piece its job, or the record of a
-    splitting op) and ``values`` (the fake value of every node of the split graph).
+    Afterwards: ``order`` (per piece its job, or the record of a splitting op), ``jobs`` (the pieces to compile,
+    in order) and ``values`` (the fake value of every node of the split graph).
     """
 
     def __init__(self, module: fx.GraphModule, split: SplitGraph):
         super().__init__(module)
         self.pieces = {p.name: p for p in split.pieces}
-        self.jobs: list[_PieceJob] = []
         self.order: list[PieceRecord | _PieceJob] = []
         self.values: dict[fx.Node, Any] = {}
+
+    @property
+    def jobs(self) -> list[_PieceJob]:
+        return [x for x in self.order if isinstance(x, _PieceJob)]
 
     def run_node(self, n: fx.Node) -> Any:
         self.values[n] = super().run_node(n)
@@ -302,9 +305,7 @@ class _PieceWalk(fx.Interpreter):
             return submod(*args, **kwargs)
         # Pieces compile after the walk: Inductor rewrites a piece that returns one value to return a list, in
         # place, so a compiled submodule would hand the next op a list.
-        job = _PieceJob(submod, list(args), piece.index, target)
-        self.jobs.append(job)
-        self.order.append(job)
+        self.order.append(_PieceJob(submod, list(args), piece.index, target))
         return submod(*args, **kwargs)
 
 
