@@ -27,11 +27,15 @@ its results come after the notebook tests (:func:`result`).
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, NamedTuple
 
 WORLD_SIZE = 2
@@ -76,6 +80,14 @@ def register(module: str, fn: Callable[..., Any], *args: Any, timeout: float,
     ``prepare``: called in the test process just before the launch, returns the arguments instead of ``args``
     (e.g. the path of a checkpoint it wrote, which must not be written at import)."""
     _REGISTERED[module] = Registered(fn, prepare if prepare is not None else args, timeout)
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new directory for a module's ``prepare`` to hand its ranks (a checkpoint, a cache of their own), removed
+    when the test process exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def total_timeout() -> float:

@@ -18,12 +18,9 @@ one rank and loaded by the other, and both match the eager model.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import fcntl
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +155,8 @@ def _ranks_worker(root: str) -> dict[str, Any]:
                                           for r in compiled.report.ranges}}
 
 
-def _empty_root() -> tuple[str]:
-    root = tempfile.mkdtemp(prefix="rank_shared_cache_")
-    atexit.register(shutil.rmtree, root, True)
-    return (root,)
-
-
-rank_checks.register(__name__, _ranks_worker, prepare=_empty_root, timeout=300.0)
+rank_checks.register(__name__, _ranks_worker, prepare=lambda: (str(rank_checks.scratch_dir("rank_shared_cache_")),),
+                     timeout=300.0)
 
 
 @pytest.fixture(scope="module")

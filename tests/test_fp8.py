@@ -16,12 +16,9 @@ logit by a few percent (measured: 3-4 %). Wrong scales, rows or chunks move it b
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +164,7 @@ def _worker(checkpoints: dict[str, str]) -> dict[str, Any]:
 def _written_checkpoints() -> dict[str, Path]:
     """The two FP8 checkpoints, written once (a temporary directory removed when the tests end): the ranks load
     the files the in-process tests load."""
-    root = Path(tempfile.mkdtemp(prefix="fp8_checkpoints_"))
-    atexit.register(shutil.rmtree, root, True)
+    root = rank_checks.scratch_dir("fp8_checkpoints_")
     return {g: write_fp8_checkpoint(root / g, g) for g in ("channel", "tensor")}
 
 

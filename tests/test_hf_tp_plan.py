@@ -13,11 +13,8 @@ and compared with transformers' unsharded logits:
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +108,7 @@ def _saved_checkpoints() -> tuple[str, str]:
     """The tiny Llama and Qwen2 written as HF checkpoints (temporary directories removed when the tests end)."""
     paths = []
     for name, build in (("tiny_llama", _tiny_llama), ("tiny_qwen2", _tiny_qwen2)):
-        path = tempfile.mkdtemp(prefix=f"{name}_")
-        atexit.register(shutil.rmtree, path, True)
+        path = str(rank_checks.scratch_dir(f"{name}_"))
         build().save_pretrained(path)
         paths.append(path)
     return tuple(paths)

@@ -368,7 +368,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = _parameter((local, hidden_size), dtype, device)
         # The forward reads this rank's range from tensors, not Python ints: Dynamo makes buffers graph inputs
         # and ints constants, so the compiled graph holds nothing rank-specific and every rank of a launch can
-        # use the one compile of it (piece_compilers._first_compile_turn).
+        # use the one compile of it (piece_compilers._compile_turn).
         self.register_buffer("first_id", torch.tensor(self.vocab_start, device=device), persistent=False)
         self.register_buffer("end_id", torch.tensor(self.vocab_end, device=device), persistent=False)
 
