@@ -40,6 +40,9 @@ def test_forked_ranks_see_the_callers_environment_directory_and_path_as_of_each_
     monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "last")])
     changed = sp_lab.launch(_what_the_rank_sees, world_size=2, backend="gloo")
     assert forkserver.server_pid() not in (None, server)
+    # The replaced server is gone (exited and reaped), not left holding its imports until this process exits.
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)
     for r in changed:
         assert (r["probe"], r["cwd"], r["path_tail"]) == ("second", str(tmp_path), str(tmp_path / "last")), r
 
