@@ -96,8 +96,10 @@ _FAILURE_GRACE_S = 0.5
 _EXIT_GRACE_S = 5.0
 # Longest single wait of the caller's loop: short, so Ctrl-C in a notebook is handled promptly.
 _POLL_S = 0.25
-# Starts of the ranks when forming the process group fails: the user's function has not run yet. Seen once in
-# the test suite on a loaded 2-core machine (rank 1's gloo connectFullMesh: "Connection closed by peer").
+# Starts of the ranks when forming the process group fails: the user's function has not run yet. The failure seen
+# in the test suite on a loaded 2-core machine (gloo's connectFullMesh: "Connection closed by peer") came from a
+# peer that had already finished and exited; _wait_for_every_rank prevents it. The second start remains for what
+# load can still do to a rendezvous (a connection refused or timed out).
 _RENDEZVOUS_ATTEMPTS = 2
 
 
@@ -356,6 +358,17 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int) -> None:
+    """Return once every rank has formed the process group.
+
+    gloo's mesh can be complete on one rank while a peer is still reading its end of the handshake. A rank whose
+    function needs no collective would then finish, exit and close its connections, and the peer's
+    ``init_process_group`` would fail with "Connection closed by peer" (seen under load on 2 cores, in a launch
+    of a function that only read its config). No rank starts the function before every rank got here."""
+    store.set(f"sp_lab/joined/{rank}", "1")
+    store.wait([f"sp_lab/joined/{peer}" for peer in range(world_size)])
+
+
 def _spawned_worker_main(argv: Sequence[str]) -> None:
     """Entry point of a rank started by :func:`launch` (see ``_BOOTSTRAP``)."""
     job_path, result_fd, lifeline_fd = argv[0], int(argv[1]), int(argv[2])
@@ -392,6 +405,7 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
             timeout_s=job.timeout_s,
             store=store,
         )
+        _wait_for_every_rank(store, rank, world_size)
     except BaseException as error:  # noqa: BLE001 - nothing of the user's ran: the caller may start us again
         _send_error(results, rank, error, stage="rendezvous")
         _exit_now(1)
