@@ -24,8 +24,11 @@ How it is built, and why:
   rank before the function is loaded (:mod:`sp_lab.distributed.job`).
 - The rendezvous store (a :class:`torch.distributed.TCPStore` on 127.0.0.1, port chosen by the OS) lives
   in the caller, so no rank races for a free port and a dead rank 0 cannot take the store with it.
+- No rank runs the function before every rank has formed the process group (each marks the store, then waits
+  for the others' marks): a rank that finished early would otherwise close connections a slower peer's gloo
+  mesh was still setting up.
 - A failure while the ranks form their process group (before the user's function runs: a gloo connection
-  refused or closed under heavy load) starts the ranks again once, with a new store, within the same timeout.
+  refused or timed out under heavy load) starts the ranks again once, with a new store, within the same timeout.
 - Each rank reports ``("ok", result)`` or ``("error", ...)`` over a pipe of its own. EOF on that pipe
   without a report means the rank died (SIGKILL, segfault): the caller reads its exit status.
 - Each worker leads its own session (process group), so clean-up kills whole process trees
