@@ -210,11 +210,13 @@ def _count_then_raise(log: str) -> None:
     raise ValueError("fails after the group formed")
 
 
-def _ranks_joined_when_the_function_started() -> list[bool]:
-    """Per rank: whether it had formed the process group when this rank's function began (the launcher's marks
-    in the rendezvous store, which the default group's store wraps)."""
-    store = dist.distributed_c10d._get_default_store().underlying_store
-    return [store.check([f"sp_lab/joined/{peer}"]) for peer in range(dist.get_world_size())]
+def _ranks_joined_when_the_function_started() -> int:
+    """How many ranks had formed the process group when this rank's function began: the count of torch's
+    store-based barrier at the end of ``init_process_group``, read (adding 0) from the launch's rendezvous store,
+    which the default group's store wraps."""
+    c10d = dist.distributed_c10d
+    store = c10d._get_default_store().underlying_store
+    return store.add(f"{c10d.STORE_BASED_BARRIER_PREFIX}:{dist.group.WORLD.group_name}", 0)
 
 
 def test_no_rank_runs_the_function_before_every_rank_has_formed_the_group():
@@ -222,7 +224,7 @@ def test_no_rank_runs_the_function_before_every_rank_has_formed_the_group():
     # still reading the handshake, and rank 0 failed with "Connection closed by peer" (cores oversubscribed: about one
     # start in 30).
     results = sp_lab.launch(_ranks_joined_when_the_function_started, world_size=2, backend="gloo", timeout=120)
-    assert results == [[True, True], [True, True]]
+    assert results == [2, 2]
 
 
 def test_a_failure_of_the_function_is_raised_without_starting_the_ranks_again(tmp_path, capfd):

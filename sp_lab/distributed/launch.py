@@ -24,9 +24,9 @@ How it is built, and why:
   rank before the function is loaded (:mod:`sp_lab.distributed.job`).
 - The rendezvous store (a :class:`torch.distributed.TCPStore` on 127.0.0.1, port chosen by the OS) lives
   in the caller, so no rank races for a free port and a dead rank 0 cannot take the store with it.
-- No rank runs the function before every rank has formed the process group (each marks the store, then waits
-  for the others' marks): a rank that finished early would otherwise close connections a slower peer's gloo
-  mesh was still setting up.
+- No rank runs the function before every rank has formed the process group (torch's store-based barrier at the
+  end of ``init_process_group``, switched on for every rank: ``RANK_ENV_DEFAULTS``): a rank that finished early
+  would otherwise close connections a slower peer's gloo mesh was still setting up.
 - A failure while the ranks form their process group (before the user's function runs: a gloo connection
   refused or timed out under heavy load) starts the ranks again once, with a new store, within the same timeout.
 - Each rank reports ``("ok", result)`` or ``("error", ...)`` over a pipe of its own. EOF on that pipe
@@ -101,7 +101,7 @@ _EXIT_GRACE_S = 5.0
 _POLL_S = 0.25
 # Starts of the ranks when forming the process group fails: the user's function has not run yet. The failure seen
 # in the test suite on a loaded 2-core machine (gloo's connectFullMesh: "Connection closed by peer") came from a
-# peer that had already finished and exited; _wait_for_every_rank prevents it. The second start remains for what
+# peer that had already finished and exited; the barrier in RANK_ENV_DEFAULTS prevents it. The second start remains for what
 # load can still do to a rendezvous (a connection refused or timed out).
 _RENDEZVOUS_ATTEMPTS = 2
 
@@ -361,17 +361,6 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int) -> None:
-    """Return once every rank has formed the process group.
-
-    gloo's mesh can be complete on one rank while a peer is still reading its end of the handshake. A rank whose
-    function needs no collective would then finish, exit and close its connections, and the peer's
-    ``init_process_group`` would fail with "Connection closed by peer" (seen under load on 2 cores, in a launch
-    of a function that only read its config). No rank starts the function before every rank got here."""
-    store.set(f"sp_lab/joined/{rank}", "1")
-    store.wait([f"sp_lab/joined/{peer}" for peer in range(world_size)])
-
-
 def _spawned_worker_main(argv: Sequence[str]) -> None:
     """Entry point of a rank started by :func:`launch` (see ``_BOOTSTRAP``)."""
     job_path, result_fd, lifeline_fd = argv[0], int(argv[1]), int(argv[2])
@@ -408,7 +397,6 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
             timeout_s=job.timeout_s,
             store=store,
         )
-        _wait_for_every_rank(store, rank, world_size)
     except BaseException as error:  # noqa: BLE001 - nothing of the user's ran: the caller may start us again
         _send_error(results, rank, error, stage="rendezvous")
         _exit_now(1)

@@ -26,13 +26,19 @@ __all__ = [
     "run_under_torchrun",
 ]
 
-# Environment every rank gets before the process group exists. NVLink multicast (NVLS) is kept off:
-# it needs fabric-manager support that lent and shared machines often lack, and symmetric memory
-# falls back to it silently. setdefault, so a user who knows better can still switch it on.
+# Environment every rank gets before the process group exists. setdefault, so a user who knows better can
+# still change each.
+# - NVLink multicast (NVLS) is kept off: it needs fabric-manager support that lent and shared machines often
+#   lack, and symmetric memory falls back to it silently.
+# - init_process_group returns only once every rank has formed the group (torch's store-based barrier, off by
+#   default). gloo's mesh can be complete on one rank while a peer still reads its end of the handshake; a rank
+#   whose function needs no collective then finished, exited and closed its connections, and the peer failed
+#   with "Connection closed by peer" (seen under load on 2 cores, on both starts of one launch).
 RANK_ENV_DEFAULTS = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
+    "TORCH_DIST_INIT_BARRIER": "1",
 }
 
 # Backends a rank of launch() cannot use, and what to do instead.
