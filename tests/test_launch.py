@@ -221,8 +221,8 @@ def _ranks_joined_when_the_function_started() -> int:
 
 def test_no_rank_runs_the_function_before_every_rank_has_formed_the_group():
     # A function with no collective: without the wait, rank 1 could finish and exit while rank 0's gloo mesh was
-    # still reading the handshake, and rank 0 failed with "Connection closed by peer" (cores oversubscribed: about one
-    # start in 30).
+    # still reading the handshake, and rank 0 failed with "Connection closed by peer" (6 busy loops on 2 cores:
+    # 8 restarts and 2 failed launches in 240).
     results = sp_lab.launch(_ranks_joined_when_the_function_started, world_size=2, backend="gloo", timeout=120)
     assert results == [2, 2]
 

@@ -99,10 +99,9 @@ _FAILURE_GRACE_S = 0.5
 _EXIT_GRACE_S = 5.0
 # Longest single wait of the caller's loop: short, so Ctrl-C in a notebook is handled promptly.
 _POLL_S = 0.25
-# Starts of the ranks when forming the process group fails: the user's function has not run yet. The failure seen
-# in the test suite on a loaded 2-core machine (gloo's connectFullMesh: "Connection closed by peer") came from a
-# peer that had already finished and exited; the barrier in RANK_ENV_DEFAULTS prevents it. The second start remains for what
-# load can still do to a rendezvous (a connection refused or timed out).
+# Starts of the ranks when forming the process group fails: the user's function has not run yet. The early-exit
+# race behind "Connection closed by peer" is prevented by the barrier in RANK_ENV_DEFAULTS (its comment says how);
+# the second start remains for what load can still do to a rendezvous (a connection refused or timed out).
 _RENDEZVOUS_ATTEMPTS = 2
 
 
