@@ -15,9 +15,10 @@ other arguments' values) picks a capture, and the guards Dynamo's trace put on t
 call that fits no capture is captured afresh. What no check sees: a module attribute changed between calls
 (``model.training``, a swapped submodule): build a new ``sp_lab.compile`` after changing the model.
 
-The token dimension is dynamic from the first call, 1 included: Dynamo would specialise a size-1 dimension
-(``mark_dynamic`` does not stop it), so the capture traces with ``backed_size_oblivious``, which gives the
-size a symbol ranging over [0, inf) instead of the constant 1.
+The token dimension is dynamic from the first call, 1 included: Dynamo specialises a dimension of size 0 or 1
+when it creates its symbol (a plain ``mark_dynamic`` does not stop it), so a 1-token first call marks the
+dimension dynamic with a trace hint of its own (``hint_override=TRACE_HINT``): Dynamo creates the symbol and
+traces at that hint, and the capture's token guards (not the hint) decide which counts it serves.
 """
 
 from __future__ import annotations
