@@ -1,7 +1,10 @@
 # sp_lab tasks. `make test` and `make run` install what they need first, so each works on a fresh machine.
 #
-#   make install   torch (the CPU build when no GPU is present), then sp_lab with its hf and dev extras
-#   make test      install, then the CPU test suite (GPU, multi-GPU and slow tests are deselected)
+#   make install   torch unless one is installed (with a GPU torch>=2.11 with CUDA; without one TORCH_CPU_PIN
+#                  from pip's default index, the CUDA build on Linux x86_64 unless
+#                  TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu), then sp_lab with its hf and dev extras
+#   make test      install, then the CPU test suite (GPU, multi-GPU and slow tests are deselected on every
+#                  machine; make test PYTEST_MARKERS=gpu runs the GPU tests)
 #   make run       install, then the headless main job on the embedded default model
 #   make lab       JupyterLab on 127.0.0.1 in notebooks/ (token-protected)
 #   make lint      ruff
@@ -22,15 +25,15 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 # The suite checks numerics, graphs and op counts, not how fast CPU kernels run: it has ATen and Inductor use plain
 # C++ (ATEN_CPU_CAPABILITY=default) rather than AVX2/AVX-512 code, which Inductor generates and g++ compiles faster
-# (benchmarks/bench_suite_compile.py, cold rank checks on 2 cores, plain / native per pair: test_compiler_backend
-# 0.92 and 0.84; test_token_dim, which compiles fewer kernels, 0.92, 0.87 and 1.01).
+# (benchmarks/bench_suite_compile.py, cold rank checks on 2 cores, torch 2.13.0+cpu, 2026-12-05, plain / native
+# per pair: test_compiler_backend 0.92 and 0.84; test_token_dim, which compiles fewer kernels, 0.92, 0.87 and 1.01).
 # TEST_CPU_CAPABILITY= keeps the machine's own vector instructions.
 TEST_CPU_CAPABILITY ?= default
 LAB_PORT ?= 8888
 # Jupyter refuses to start as root (e.g. in a container) unless told to; pass the flag only then.
 LAB_ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
-# Every process (tests, launch() ranks, notebooks) shares one Inductor cache inside the checkout:
-# compiles are 4-7 s cold and under 2 s warm on 2 cores.
+# Every process (tests, launch() ranks, notebooks) shares one Inductor cache inside the checkout: a kernel
+# compiled once is loaded from it afterwards (docs/compile-time.md has measured compile times).
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 
 # One stamp per Python environment, redone when pyproject.toml changes.

@@ -11,11 +11,15 @@ by default to halve the weights. Target: every range a sweep needs in at most 1.
 
 How it keeps the comparison honest:
 
-- **Each trial is a fresh pair of processes** (``sp_lab.launch`` starts new interpreters) **with empty
-  caches** (a new ``TORCHINDUCTOR_CACHE_DIR`` and ``SP_LAB_CACHE_DIR`` per trial): nobody inherits compiled
-  kernels, FX graphs, sp_lab's range artifacts or Dynamo state from a previous contender. ``--warm`` adds,
-  after each cold sp_lab trial, a trial on the caches it filled (a second run, a kernel restart). Inductor's one-time start-up is paid in every trial on a
-  throw-away function before the clock starts, and reported apart (``startup_s``).
+- **Each trial runs in new rank processes with empty caches** (a new ``TORCHINDUCTOR_CACHE_DIR`` and
+  ``SP_LAB_CACHE_DIR`` per trial). On CPU, ``sp_lab.launch`` forks the ranks from a fork server that has only
+  imported torch, Dynamo and Inductor (unless ``SP_LAB_FORKSERVER=0``); a server serves one environment, so each
+  trial's new cache directories start a new server (a ``--warm`` trial, on its cold trial's directories, forks
+  from that trial's server). With a CUDA device the ranks are fresh interpreters. Either way nobody inherits
+  compiled kernels, FX graphs, sp_lab's range artifacts or Dynamo state from a previous contender. ``--warm``
+  adds, after each cold sp_lab trial, a trial on the caches it filled (a second run, a kernel restart).
+  Inductor's one-time start-up is paid in every trial on a throw-away function before the clock starts, and
+  reported apart (``startup_s``).
 - **The order alternates**: repeat *r* runs the contenders rotated by *r*, so no contender is always first
   (a loaded or warming machine then slows every contender alike).
 - **Every range a sweep compiles counts**: the model is called once at each of ``--tokens`` in order, as a

@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1
 # One Inductor/Triton cache for every job of the run: later jobs reuse the kernels of earlier ones.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/sp_lab_inductor}
 
-# Packages the GPU image lacks (polars) travel as wheels in $WHEELS (default .whl; the device tool's carry).
+# Packages the GPU image lacks (polars) can be sent along as wheels in $WHEELS (default .whl).
 WHEELS=${WHEELS:-.whl}
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \

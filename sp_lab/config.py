@@ -102,8 +102,9 @@ class LabConfig:
     """How to compile a TP model with Sequence Parallelism (SP) and AsyncTP.
 
     Token counts are split into inclusive compile ranges (:meth:`compile_ranges`); each range gets
-    its own compiled artifact, and SP/AsyncTP are applied only to ranges at or above
-    ``async_tp_min_tokens`` (:meth:`sp_active_for`).
+    its own compiled artifact; SP is applied only to ranges at or above :attr:`sp_start` (``sp_min_tokens``,
+    else ``async_tp_min_tokens``) and AsyncTP only at or above ``async_tp_min_tokens`` (:meth:`sp_active_for`,
+    :meth:`async_tp_active_for`).
     """
 
     tp_size: int = 2
@@ -268,7 +269,8 @@ class LabConfig:
         """Inclusive token ranges ``[(lo, hi), ...]`` covering ``1..max_num_tokens``, in order.
 
         ``[1, async_tp_min_tokens - 1]`` and ``[async_tp_min_tokens, max_num_tokens]``, each further
-        split at ``compile_range_split_points``. The ``async_tp_min_tokens`` boundary is kept even with
+        split at :attr:`sp_start` (where ``sp_min_tokens`` starts SP earlier) and at
+        ``compile_range_split_points``. The ``async_tp_min_tokens`` boundary is kept even with
         ``enable_sp=False`` so an SP-off baseline compiles exactly the ranges of the run it is compared with.
 
         >>> LabConfig(async_tp_min_tokens=128, compile_range_split_points=[1024], max_num_tokens=4096).compile_ranges()

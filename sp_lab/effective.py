@@ -29,7 +29,7 @@ class EffectiveConfig:
     """What :func:`enable_sp_and_async_tp` found will really run in this process."""
 
     enable_sp: bool
-    """SP is applied (in ranges at or above ``async_tp_min_tokens``)."""
+    """SP is applied (in ranges at or above ``LabConfig.sp_start``: ``sp_min_tokens``, else ``async_tp_min_tokens``)."""
     enable_async_tp: bool
     """AsyncTP fusion is applied (in SP ranges, subject to the heuristic)."""
     reasons: list[str]
@@ -40,7 +40,7 @@ class EffectiveConfig:
     """Device the model runs on: ``"cpu"`` or ``"cuda:<index>"``."""
     fused_op_impl: Literal["symm_mem", "cpu_chunked", "none"]
     """Fused-op implementation AsyncTP inserts: PyTorch's symmetric-memory kernels (CUDA),
-    sp_lab's chunked reference ops (CPU; a correctness path, no overlap), or none."""
+    sp_lab's chunked reference ops (CPU; a correctness path: they overlap only what gloo lets them), or none."""
     symm_mem: bool
     """Symmetric memory is enabled for the TP group."""
     cudagraphs: bool
@@ -193,7 +193,7 @@ def _choose_fused_ops(process: _Process, group: Any, wanted: _Wanted) -> tuple[s
         if process.backend == "gloo":
             wanted.reasons.append(
                 "enable_async_tp: gloo has no symmetric memory: AsyncTP runs sp_lab's CPU chunked fused "
-                "ops, a correctness path with no communication/compute overlap -- time it on NCCL"
+                "ops, a correctness path that overlaps only what gloo lets it -- time it on NCCL"
             )
         return "cpu_chunked", False
     wanted.drop_async_tp(
@@ -222,12 +222,8 @@ def _keep_cudagraphs(config: LabConfig, process: _Process, wanted: _Wanted) -> b
 
 
 def _maybe_enable_symm_mem(group: Any) -> tuple[bool, str]:
-    # Imported lazily: the distributed layer may not be installed in every checkout of this module's
-    # callers, and a missing helper must read as "unavailable, because ..." rather than a crash.
-    try:
-        from sp_lab.distributed.collectives import maybe_enable_symm_mem
-    except ImportError as e:
-        return False, f"sp_lab.distributed.collectives.maybe_enable_symm_mem cannot be imported ({e})"
+    from sp_lab.distributed.collectives import maybe_enable_symm_mem
+
     return maybe_enable_symm_mem(group)
 
 

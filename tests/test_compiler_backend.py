@@ -177,7 +177,8 @@ def test_plain_pytorch_model_gets_four_reduce_scatters_and_all_gathers(fake):
 def test_boundary_none_fails_with_a_clear_error(fake, inplace):
     message, failures = fake["none"][inplace]
     assert "boundary='none'" in message and "boundary='gather'" in message and "'sharded'" in message
-    assert len(failures) == 1
+    assert f"in range [{MIN_TOKENS}, {MAX_TOKENS}]" in message  # the range that failed, both ways it fails
+    assert len(failures) == 1 and (failures[0].lo, failures[0].hi) == (MIN_TOKENS, MAX_TOKENS)
     # Out of place the shard leaves as an output (the next piece's input guard fails at run time); in place it
     # leaves through functionalization's copy_ epilogue (fails while compiling).
     assert failures[0].check == ("copy_epilogue" if inplace else "assert_size_stride")

@@ -9,6 +9,7 @@ fixtures.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import shutil
 import time
 from pathlib import Path
@@ -129,6 +130,24 @@ def test_sharded_boundaries_carry_the_residual_as_a_shard(reports):
             assert sharded == {"residual"}, (label, b.index, sharded)
 
 
+
+def test_a_padded_fp8_shard_is_recorded_with_the_calls_rows():
+    """Row-wise FP8 shards hold a multiple of 4 rows (3 tokens at tp 2: 4 rows, zero-padded): the boundary record
+    still knows the residual for a shard, what it is unsharded and what it costs per token of the call."""
+    with fake_process_group(TP):
+        torch._dynamo.reset()
+        model = sp_lab.models.build("toy", tp_rank=0, tp_size=TP, device="meta", quant="fp8", dtype=torch.bfloat16)
+        compiled = sp_lab.compile(model, dataclasses.replace(_config("sharded"), async_tp_min_tokens=2))
+        compiled(torch.arange(3, device="meta"))
+    torch._dynamo.reset()
+    hidden = model.spec.hidden_size
+    residuals = [t for b in compiled.report.range_for(3).boundaries for t in b.tensors if t.name == "residual"]
+    assert residuals and all(t.sharded_after for t in residuals)
+    for t in residuals:
+        assert t.shape_after[0] != t.shape_before[0] and t.shape_before[1:] == t.shape_after[1:] == (hidden,)
+        assert t.bytes_per_token_after == hidden * 2 / TP  # bf16 rows, one tp-th of them per rank
+
+
 # -- records the passes fill ------------------------------------------------------------------------------------
 
 
@@ -174,6 +193,34 @@ def test_recorded_counts_are_keyed_by_the_code_that_counts(tmp_path, monkeypatch
     assert sources != post_grad._RECORD_SOURCES  # inspection.py is part of the key
     monkeypatch.setattr(post_grad, "_RECORD_SOURCES", sources)
     assert sp_pass.uuid() != before
+
+
+
+def test_the_fingerprint_tells_apart_what_pieces_compute_and_not_which_weights_they_read():
+    """Identical pieces share one compiled artifact (and one side file) by their fingerprint: two graphs that
+    call different methods, or different functions of one name, or hold different constants, must not."""
+    x = [torch.randn(4, 8)]
+
+    def fingerprint(fn) -> str:
+        return inspection.structural_fingerprint(torch.fx.symbolic_trace(fn), x)
+
+    assert fingerprint(lambda t: t.float().sum(-1)) != fingerprint(lambda t: t.float().mean(-1))
+    assert fingerprint(lambda t: operator.mul(t, 2)) != fingerprint(lambda t: torch.mul(t, 2))  # same __name__
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, scale: float):
+            super().__init__()
+            self.register_buffer("scale", torch.tensor(scale))
+
+        def forward(self, t, w):
+            return torch.nn.functional.linear(t, w) * self.scale
+
+    one, two = (torch.fx.symbolic_trace(Scaled(s)) for s in (1.0, 2.0))
+    weights = [x[0], torch.randn(3, 8)]
+    assert inspection.structural_fingerprint(one, weights) != inspection.structural_fingerprint(two, weights)
+    # Weights are inputs: other values, one fingerprint (every decoder layer's piece).
+    assert (inspection.structural_fingerprint(one, weights)
+            == inspection.structural_fingerprint(one, [torch.randn(4, 8), torch.randn(3, 8)]))
 
 
 # -- one Dynamo capture per model ---------------------------------------------------------------------------

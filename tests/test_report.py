@@ -89,6 +89,8 @@ def test_op_and_match_keys_come_from_one_enum():
     assert counts["fused_all_gather_matmul"] == counts[CountKey.FUSED_ALL_GATHER_MATMUL] == 5
     assert set(report.range_for(12).matches()) <= {CountKey(k) for k in ("sp_first", "sp_middle", "sp_last",
                                                                            "async_tp_ag_mm", "async_tp_mm_rs")}
+    # Printed (a notebook cell, the README's first session), the counts read as plain strings.
+    assert repr(counts).startswith("{'all_reduce': 0, ") and "CountKey" not in repr(counts)
 
 
 def _doc() -> dict:

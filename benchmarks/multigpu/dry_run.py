@@ -1,10 +1,10 @@
-"""CPU dry run of issue #7's multi-GPU run: ``run.sh`` itself, with ``PROFILE=cpu``.
+"""CPU dry run of the multi-GPU run: ``run.sh`` itself, with ``PROFILE=cpu``.
 
 The same plan (the 2-GPU machine's, by default only llama-2-7b's two boundary strategies), the same
 ``torchrun ... -m sp_lab run`` command lines and the same collection, but with the toy model on gloo ranks
-and three token counts, then ``compare.py`` on what came back. It checks what the device tool would return:
-at most 8 files directly in ``$OUT``, each under 15 MiB and plainly named, one parquet with every variant of
-every job, and a summary whose jobs all finished. Takes ~2-4 minutes on two cores.
+and three token counts, then ``compare.py`` on what came back. It checks the output against what a remote GPU
+runner sends back (at most 8 files directly in ``$OUT``, each under 15 MiB and plainly named), and that there is
+one parquet with every variant of every job and a summary whose jobs all finished. Takes ~2-4 minutes on two cores.
 
     python benchmarks/multigpu/dry_run.py               # llama-2-7b's jobs (toy-sized), both boundaries
     python benchmarks/multigpu/dry_run.py --all          # all four jobs of the 2-GPU plan
@@ -27,7 +27,7 @@ MAX_FILES, MAX_BYTES = 8, 15 * 2**20
 
 
 def check_out(out: Path) -> list[str]:
-    """Problems with ``out`` as the device tool would return it (empty list: none)."""
+    """Problems with ``out`` as a remote runner would return it (empty list: none)."""
     import polars as pl
 
     problems = []
@@ -40,7 +40,7 @@ def check_out(out: Path) -> list[str]:
         elif path.stat().st_size > MAX_BYTES:
             problems.append(f"{path.name} is {path.stat().st_size / 2**20:.1f} MiB (> 15 MiB)")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", path.name):
-            problems.append(f"{path.name!r} has characters the device tool refuses")
+            problems.append(f"{path.name!r} has characters a remote runner may refuse")
     summary = json.loads((out / "summary.json").read_text())
     for job in summary["jobs"]:
         if job["status"] != "ok":

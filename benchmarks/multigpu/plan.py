@@ -22,7 +22,8 @@ One call on an N-GPU device machine (``benchmarks/multigpu/run.sh`` sets the env
    reports and logs into one ``bundle.tar.gz``; ``summary.json`` with the plan, what ran where and for how
    long, the GPUs and their topology, and what each job's effective config said (symm_mem or not).
 
-The device tool returns at most 8 files from ``$OUT`` (16 MiB each, 2 folders deep); this writes four:
+The remote GPU runner this is written for returns at most 8 files from ``$OUT`` (16 MiB each, 2 folders deep);
+this writes four:
 ``multigpu_rows.parquet``, ``summary.json``, ``bundle.tar.gz`` and (from run.sh) ``run.log``.
 
 ``--profile cpu`` runs the same plan with the toy model on gloo ranks and a few token counts, so the
@@ -74,7 +75,7 @@ SAFE_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 
-# What comes back from the device tool (its README): 8 files, 16 MiB each. Keep a margin.
+# What the remote GPU runner sends back: 8 files, 16 MiB each. Keep a margin.
 MAX_RETURN_BYTES = 15 * 2**20
 
 

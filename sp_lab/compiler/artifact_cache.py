@@ -27,20 +27,19 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 
 if TYPE_CHECKING:
     from sp_lab.compiler.ranges import CompileRange
+    from sp_lab.compiler.report import CacheOutcome
     from sp_lab.config import LabConfig
 
-__all__ = ["ArtifactCache", "CacheOutcome", "Serving", "cache_dir", "range_key", "write_atomic"]
+__all__ = ["ArtifactCache", "Serving", "cache_dir", "range_key", "write_atomic"]
 
 ENV = "SP_LAB_CACHE_DIR"
-
-CacheOutcome = Literal["hit", "miss", "off"]
 
 
 def cache_dir() -> Path | None:

@@ -129,8 +129,24 @@ def _value_key(x: Any) -> Any:
     try:
         hash(x)
     except TypeError:
-        return ("id", id(x))
+        return ("id", _Identity(x))
     return (type(x).__name__, x)
+
+
+class _Identity:
+    """An unhashable argument in a call signature, equal only to itself. The signature keeps it alive, so that no
+    other object can take its ``id`` while a capture specialised on it is kept."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
 
 
 @contextlib.contextmanager

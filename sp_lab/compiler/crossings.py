@@ -12,7 +12,7 @@ from torch import fx
 
 from sp_lab.compiler.inspection import shape_json
 from sp_lab.compiler.passes.graph_builder import same_size
-from sp_lab.compiler.passes.sequence_parallel import TOKEN_SHARD
+from sp_lab.compiler.passes.sequence_parallel import TOKEN_SHARD, padded_shard_rows
 from sp_lab.compiler.report import BoundaryCrossing, BoundaryRecord, PieceRecord, Shape
 from sp_lab.compiler.split import SplitGraph
 from sp_lab.compiler.tensor_names import TensorNames
@@ -37,7 +37,6 @@ def record_boundaries(
     ``[1, N, H]``). Names come from ``names`` (the model's, identical in every strategy).
     """
     tokens: Any = math.prod(token_shape)
-    shard_rows = ((tokens + tp_size - 1) // tp_size, tokens // tp_size)
     index_of = {n: next(p.index for p in split.pieces if p.name == n.target)
                 for n in split.module.graph.nodes if n.op == "call_module"}
     records = {p.index: p for p in pieces}
@@ -67,8 +66,10 @@ def record_boundaries(
             after = (output.shape if output is not None else None) or shape_json(val)
             before = (output.shape_before if output is not None else None) or shape_json(val)
             made_by = _made_in_piece(split, source, out_index)
-            if made_by.meta.get(TOKEN_SHARD):  # SP before splitting: the value itself is a shard
-                sharded, t = True, _rows_dim(val.shape, shard_rows)
+            row_align = made_by.meta.get(TOKEN_SHARD)
+            if row_align:  # SP before splitting: the value itself is a shard
+                sharded = True
+                t = _rows_dim(val.shape, (padded_shard_rows(tokens, tp_size, row_align), tokens // tp_size))
             else:  # in-piece SP: the walk's value is the piece's unsharded output; its record says what it became
                 t = _rows_dim(val.shape, (tokens,))
                 sharded = t is not None and after is not None and (

@@ -59,7 +59,7 @@ def even_shards(gm: fx.GraphModule, tokens: torch.SymInt | int, tp_size: int) ->
     from torch.distributed.tensor import DTensor, Shard
 
     if not isinstance(tokens, torch.SymInt) or not tokens.node.expr.is_Symbol:
-        return EvenShards()  # a static count (Dynamo's 1-token graph) has no symbol to find in the shard sizes
+        return EvenShards()  # a static count (a graph traced for one count) has no symbol to find in the shard sizes
     symbol = tokens.node.expr
     found = EvenShards()
     for node in gm.graph.nodes:

@@ -30,10 +30,9 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from sp_lab.compiler.report import BoundaryFailure, PieceRecord
 
 if TYPE_CHECKING:
-    from sp_lab.compiler.ranges import CompileRange
     from sp_lab.compiler.report import RangeReport
 
-__all__ = ["BoundaryError", "copy_epilogue_failure", "explain", "guard_inputs", "with_range"]
+__all__ = ["BoundaryError", "copy_epilogue_failure", "explain", "guard_inputs", "in_range"]
 
 _GUARD = re.compile(r"expected size (\d+)==(\d+), stride \d+==\d+ at dim=(\d+)")
 _EXPAND = re.compile(r"expand: attempting to expand a dimension of length (.+) -> (.+)!")
@@ -70,15 +69,15 @@ def guard_inputs(fn: Callable, record: Callable[[], PieceRecord], report: RangeR
             failure = _input_guard_failure(e, record(), args)
             if failure is None:
                 raise
-            failure = _in_range(failure, report.lo, report.hi)
+            failure = in_range(failure, report.lo, report.hi)
             report.failures.append(failure)
-            raise BoundaryError(explain(failure, None, report.boundary)) from e
+            raise BoundaryError(explain(failure, report.boundary)) from e
 
     return run
 
 
-def explain(failure: BoundaryFailure, rng: CompileRange | None, boundary: str = "none") -> str:
-    where = f" in range {rng.label}" if rng is not None else ""
+def explain(failure: BoundaryFailure, boundary: str = "none") -> str:
+    where = f" in range [{failure.lo}, {failure.hi}]" if failure.lo is not None else ""
     return (
         f"boundary='{boundary}'{where}: sequence parallelism sharded tensor {failure.tensor!r} at piece "
         f"{failure.piece} ({failure.check} failed: expected shape {_shape(failure.expected_shape)}, got "
@@ -88,11 +87,8 @@ def explain(failure: BoundaryFailure, rng: CompileRange | None, boundary: str = 
     )
 
 
-def with_range(failure: BoundaryFailure, rng: CompileRange) -> BoundaryFailure:
-    return _in_range(failure, rng.lo, rng.hi)
-
-
-def _in_range(failure: BoundaryFailure, lo: int, hi: int) -> BoundaryFailure:
+def in_range(failure: BoundaryFailure, lo: int, hi: int) -> BoundaryFailure:
+    """``failure`` as it happened in the token range ``[lo, hi]``."""
     return dataclasses.replace(failure, lo=lo, hi=hi)
 
 

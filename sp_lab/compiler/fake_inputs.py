@@ -115,7 +115,7 @@ def range_inputs(
         # pattern matcher skips nodes whose values live on the meta device, and the report must show the fusions.
         return torch.device("cpu") if inspect_only and x.device.type == "meta" else x.device
 
-    if isinstance(old_size, int):  # Dynamo specialised this graph (1 token): nothing symbolic to re-hint
+    if isinstance(old_size, int):  # a graph traced for one count (static): nothing symbolic to re-hint
         if not inspect_only or fake_mode is None:
             return example_inputs, fake_mode
         # only the devices change

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import is_fake
 
 from sp_lab.compiler.report import (
     OP_KEYS,
@@ -179,19 +180,49 @@ def graph_snapshot(graph: fx.Graph, splitting_ops: frozenset[str] = frozenset())
 
 
 def structural_fingerprint(gm: fx.GraphModule, example_inputs: list[Any]) -> str:
-    """A hash of a piece's structure and input shapes, blind to node names and weights.
+    """A hash of a piece's structure and input shapes, blind to node names and to the weights it is given.
 
     Two decoder layers' pieces differ only in which weights they read -- and weights are graph inputs -- so
-    they share a fingerprint and one compiled artifact serves both.
+    they share a fingerprint and one compiled artifact serves both. Everything that decides what a node
+    computes is in it: the function or method it calls, and what a module call or an attribute read stands for
+    (:func:`_node_target`).
     """
     index = {node: i for i, node in enumerate(gm.graph.nodes)}
 
     def arg_repr(arg: Any) -> Any:
         return fx.node.map_aggregate(arg, lambda a: f"%{index[a]}" if isinstance(a, fx.Node) else repr(a))
 
-    parts = [
-        (node.op, target_str(node) if node.op == "call_function" else node.op, arg_repr(node.args), arg_repr(node.kwargs))
-        for node in gm.graph.nodes
-    ]
+    parts = [(node.op, _node_target(gm, node), arg_repr(node.args), arg_repr(node.kwargs)) for node in gm.graph.nodes]
     parts.append([(shape_json(x), str(getattr(x, "dtype", type(x).__name__))) for x in example_inputs])
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
+def _node_target(gm: fx.GraphModule, node: fx.Node) -> Any:
+    """What ``node`` runs, for the fingerprint: an op's overload, a function by its module and qualified name
+    (``operator.add`` is not ``torch.add``), a method by its name. A submodule or attribute is named by its path,
+    which no two different objects share within a model; an attribute's tensor also by its shape, dtype and
+    values (a constant the graph holds, not a weight), where they are materialised."""
+    if node.op in ("placeholder", "output"):
+        return node.op
+    if node.op == "call_function":
+        if qualified_name(node.target) is not None:
+            return target_str(node)
+        fn = node.target
+        return f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', repr(fn))}"
+    if node.op == "get_attr":
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        if isinstance(value, torch.Tensor):
+            return node.target, _tensor_digest(value)
+    return node.target  # call_method: the method's name; call_module: the submodule's path
+
+
+def _tensor_digest(x: torch.Tensor) -> str:
+    """Shape, dtype and a hash of the values of a (small, constant) tensor; shape and dtype alone where it has
+    no data (meta or fake tensors)."""
+    head = f"{tuple(x.shape)}:{x.dtype}"
+    if x.is_meta or is_fake(x):
+        return head
+    data = x.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return f"{head}:{hashlib.sha1(data.numpy().tobytes()).hexdigest()[:16]}"

@@ -1,6 +1,6 @@
 """Compiling one token range's artifact from one Dynamo graph, and filling its RangeReport.
 
-Three strategies, chosen once from the config:
+Three strategies, chosen per range from the config (a range with SP off takes the split path):
 
 - ``compile_mode="full_graph"``: Inductor on the whole graph, SP + AsyncTP as its post-grad pass;
 - boundary in {none, gather_erase, gather}: split at the splitting ops, each piece through Inductor with
@@ -29,14 +29,14 @@ from torch._inductor.fx_passes.post_grad import remove_noop_ops
 
 from sp_lab.compiler.crossings import record_boundaries
 from sp_lab.compiler.cudagraphs import CudaGraphPiece
-from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs, with_range
+from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs, in_range
 from sp_lab.compiler.fake_inputs import TokenGuards, meta_devices_to_cpu, range_inputs
 from sp_lab.compiler.inspection import structural_fingerprint, tensor_spec
 from sp_lab.compiler.passes.boundary import BoundaryPolicy
 from sp_lab.compiler.passes.post_grad import PostGradPassManager, sp_lab_passes
 from sp_lab.compiler.passes.sequence_parallel import apply_sequence_parallel
 from sp_lab.compiler.piece_compilers import CompiledPiece, PieceCompiler, choose_piece_compiler
-from sp_lab.compiler.report import CountKey, PieceRecord, RangeReport
+from sp_lab.compiler.report import PieceRecord, RangeReport
 from sp_lab.compiler.split import SplitGraph, split_at
 from sp_lab.compiler.tensor_names import TensorNames
 from sp_lab.config import BoundaryStrategy
@@ -106,7 +106,8 @@ class RangeCompiler:
         return fn
 
     def pass_uuid(self) -> str:
-        """The ``uuid()`` of the post-grad pass this range's pieces get: its sources and settings."""
+        """The ``uuid()`` of the passes this range's compile runs, whole-graph SP included (``sharded`` runs SP
+        before splitting, its pieces without it): their sources and settings, for the range's cache key."""
         return self._passes(sp=self.range.enable_sp, boundary=self.config.boundary).uuid()
 
     def _reserve_symm_mem_workspace(self) -> None:
@@ -184,15 +185,16 @@ class RangeCompiler:
                 keep_inference_input_mutations=True,
             )
         for sp in whole_graph_sp:
-            # Whole-graph SP rewrites are attributed to the range as a whole, on the first compiled piece.
+            # Whole-graph SP (its rewrites, and the gathers and copies at the whole graph's edges) is attributed to
+            # the range as a whole, on the first compiled piece.
             i = next(i for i, p in enumerate(self.report.pieces) if p.kind == "compiled")
             first = self.report.pieces[i]
             matches = dict(first.matches)
-            for form in ("first", "middle", "last"):
-                key = CountKey(f"sp_{form}")
-                matches[key] = matches.get(key, 0) + sp.count(form)
+            for key, n in sp.matches().items():
+                matches[key] = matches.get(key, 0) + n
             self.report.pieces[i] = dataclasses.replace(
-                first, matches=matches, sp_rewrites=first.sp_rewrites + tuple(sp.rewrites))
+                first, matches=matches, sp_rewrites=first.sp_rewrites + tuple(sp.rewrites),
+                copies=first.copies + tuple(sp.boundary.copies))
         return compiled
 
     def _compile_split(self, gm: fx.GraphModule, inputs: list[Any], pieces: PieceCompiler, *, in_piece_sp: bool) -> Callable:
@@ -255,9 +257,9 @@ class RangeCompiler:
             failure = copy_epilogue_failure(e, passes.record)
             if failure is None:
                 raise
-            failure = with_range(failure, self.range)
+            failure = in_range(failure, self.range.lo, self.range.hi)
             self.report.failures.append(failure)
-            raise BoundaryError(explain(failure, self.range, self.config.boundary)) from e
+            raise BoundaryError(explain(failure, self.config.boundary)) from e
         if compiled is None:
             return None
         record = dataclasses.replace(

@@ -31,6 +31,7 @@ __all__ = [
     "BoundaryCrossing",
     "BoundaryFailure",
     "BoundaryRecord",
+    "CacheOutcome",
     "CompileReport",
     "CopyEvent",
     "CountKey",
@@ -52,6 +53,9 @@ SCHEMA = "sp_lab.compile_report/2"
 _SCHEMA_V1 = "sp_lab.compile_report/1"
 _R = TypeVar("_R")
 
+CacheOutcome = Literal["hit", "miss", "off"]
+"""What sp_lab's on-disk artifact cache did for a range (``RangeReport.artifact_cache``)."""
+
 Shape = tuple[int | str, ...]
 """A tensor's shape: ints, or symbolic sizes written as strings (``"s0"``, ``"((s0 + 1)//2)"``)."""
 
@@ -60,8 +64,11 @@ class CountKey(enum.StrEnum):
     """Every key a report counts by: ops found in a graph and matches made by the passes.
 
     The values are the JSON keys of ``op_counts_before`` / ``op_counts_after`` (:data:`OP_KEYS`) and of
-    ``matches`` (:data:`MATCH_KEYS`).
+    ``matches`` (:data:`MATCH_KEYS`). A key prints as its plain string, so a printed ``op_counts()`` reads
+    ``{'all_reduce': 0, ...}``.
     """
+
+    __repr__ = str.__repr__
 
     ALL_REDUCE = "all_reduce"
     REDUCE_SCATTER = "reduce_scatter"
@@ -281,12 +288,9 @@ class RangeReport:
     dynamo_graph: int | None = None  # index into CompileReport.graphs; None: not compiled yet
     static_tokens: int | None = None  # copied from that graph: the one token count this artifact serves
     token_guards: list[str] = field(default_factory=list)  # what its trace assumed about the token count N
-    artifact_cache: Literal["hit", "miss", "off"] | None = None
+    artifact_cache: CacheOutcome | None = None
     """sp_lab's on-disk artifact cache (``compiler/artifact_cache.py``): "hit" when an entry for this range was
     loaded, "miss" when it compiled afresh and saved one, "off" without a cache; None: not compiled."""
-
-    def serves(self, num_tokens: int) -> bool:
-        return self.lo <= num_tokens <= self.hi and self.static_tokens in (None, num_tokens)
 
     @property
     def erased_copies(self) -> list[tuple[int, CopyEvent]]:

@@ -16,18 +16,11 @@ import torch
 from torch import fx
 from torch.fx.passes.split_module import split_module
 
-__all__ = ["Piece", "SplitGraph", "node_op_name", "op_name", "split_at"]
+from sp_lab.compiler.inspection import qualified_name
+
+__all__ = ["Piece", "SplitGraph", "node_op_name", "split_at"]
 
 log = logging.getLogger(__name__)
-
-
-def op_name(target: object) -> str | None:
-    """``"ns::name"`` for an op packet or overload, else None."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name
-    return None
 
 
 # An op that mutates an argument (vLLM's ``unified_attention_with_output(q, k, v, output, layer_name)``) reaches
@@ -44,8 +37,8 @@ def node_op_name(node: fx.Node) -> str | None:
     if node.op != "call_function":
         return None
     if node.target in _FUNCTIONALIZED and node.args:
-        return op_name(node.args[0])
-    return op_name(node.target)
+        return qualified_name(node.args[0])
+    return qualified_name(node.target)
 
 
 @dataclass

@@ -11,9 +11,9 @@ function never rebinds is followed out to its caller's argument (``RotaryEmbeddi
 called as ``self.rotary_emb(positions, q, k)``), so a name is the outermost one that still denotes the value.
 When the source cannot be read the Dynamo name is used, without its ``_3`` suffix.
 
-Names are computed once per Dynamo graph and looked up by a node's *origin* (its ``source_fn_stack``
-entry, which AOT autograd and sp_lab's passes carry onto the aten nodes they make from it), so every
-boundary strategy -- the Dynamo-level split and the sharded path's aten-level split -- gives one name.
+Names are computed once per range compile, from its Dynamo graph, and looked up by a node's *origin* (its
+``source_fn_stack`` entry, which AOT autograd and sp_lab's passes carry onto the aten nodes they make from it), so
+every boundary strategy -- the Dynamo-level split and the sharded path's aten-level split -- gives one name.
 """
 
 from __future__ import annotations

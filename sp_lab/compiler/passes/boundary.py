@@ -11,8 +11,9 @@ It leaves a piece in one of two ways (docs/piecewise-boundaries.md):
 
 A :class:`BoundaryPolicy` applies a :class:`~sp_lab.config.BoundaryStrategy` (whose attributes say what to do) in
 those two places. ``sharded`` rewrites the whole graph before splitting, so boundaries carry the shard and every
-piece is compiled for the shapes it really receives (see ``compiler/split.py``); at the whole graph's own edges
-(the model's outputs and in-place inputs) it gathers, as a full-graph compile does.
+piece is compiled for the shapes it really receives (``RangeCompiler._compile_sharded`` in
+``compiler/range_compiler.py``); at the whole graph's own edges (the model's outputs and in-place inputs) it
+gathers, as a full-graph compile does.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class BoundaryEvents:
     """What a policy did to one graph (its copy events go into the piece's CompileReport record)."""
 
     gathered_outputs: list[str] = field(default_factory=list)
-    sharded_outputs: list[str] = field(default_factory=list)
     copies: list[CopyEvent] = field(default_factory=list)
 
     def copies_by(self, action: str) -> list[CopyEvent]:
@@ -52,7 +52,6 @@ class BoundaryPolicy:
         if self.strategy.gathers_outputs:
             events.gathered_outputs.append(node.name)
             return full()
-        events.sharded_outputs.append(node.name)
         return shard
 
     def copy(

@@ -50,9 +50,7 @@ class SeqDimCollectives:
     restated as one ``[N / tp, H]`` gather per matmul reading it (``gathers_for_matmuls`` of them in all)."""
 
     reduce_scatters: int = 0
-    all_gathers: int = 0
     gathers_for_matmuls: int = 0
-    skipped: list[str] = field(default_factory=list)  # why a collective that looked like one was left alone
     gathers: list[fx.Node] = field(default_factory=list)  # the per-matmul gathers' waits, for the merge after AsyncTP
 
 
@@ -70,7 +68,6 @@ def normalise_seq_dim_collectives(graph: fx.Graph, *, tp_size: int) -> SeqDimCol
             if reason is None:
                 all_gathers.append(node)
             else:
-                result.skipped.append(f"{node.name}: {reason}")
                 log.debug("DTensor all_gather %s left as written: %s", node.name, reason)
     for node, source, token_dim in reduce_scatters:
         _rewrite_reduce_scatter(graph, node, source, token_dim)
@@ -78,7 +75,6 @@ def normalise_seq_dim_collectives(graph: fx.Graph, *, tp_size: int) -> SeqDimCol
     for node in all_gathers:
         waits = _rewrite_all_gather(graph, node)
         if waits:
-            result.all_gathers += 1
             result.gathers_for_matmuls += len(waits)
             result.gathers.extend(waits)
     return result

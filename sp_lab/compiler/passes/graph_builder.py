@@ -44,13 +44,12 @@ def same_size(a: Any, b: Any) -> bool:
 
 
 class GraphBuilder:
-    """Adds nodes to ``graph`` at its current insertion point, with fake values, and remembers what it added."""
+    """Adds nodes to ``graph`` at its current insertion point, with fake values."""
 
     def __init__(self, graph: fx.Graph):
         self.graph = graph
         placeholders = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode(placeholders)
-        self.added: list[fx.Node] = []
         self._standing_for: fx.Node | None = None
 
     @contextlib.contextmanager
@@ -65,7 +64,6 @@ class GraphBuilder:
     def call(self, target: Callable, *args: Any, **kwargs: Any) -> fx.Node:
         """Insert ``target(*args, **kwargs)`` and compute its fake value."""
         node = self.graph.call_function(target, tuple(args), kwargs)
-        self.added.append(node)
         if self._standing_for is not None:
             node.meta.update({k: self._standing_for.meta[k] for k in _PROVENANCE_META if k in self._standing_for.meta})
         inputs = node.all_input_nodes

@@ -123,11 +123,8 @@ class SequenceParallelPass(PostGradPass):
     def __call__(self, graph: fx.Graph, draft: PieceDraft) -> None:
         sp = apply_sequence_parallel(graph, tp_size=self.tp_size, rank=self.rank, group_name=draft.group_name,
                                      policy=BoundaryPolicy(self.boundary), token_dim=self.token_dim)
-        draft.matches.update({CountKey(f"sp_{form}"): sp.count(form) for form in ("first", "middle", "last")})
-        events = sp.boundary
-        draft.matches[CountKey.BOUNDARY_GATHER] = len(events.gathered_outputs) + len(events.copies_by("gathered"))
-        draft.matches[CountKey.BOUNDARY_ERASE] = len(events.copies_by("erased"))
-        draft.sp_rewrites, draft.copies = tuple(sp.rewrites), tuple(events.copies)
+        draft.matches.update(sp.matches())
+        draft.sp_rewrites, draft.copies = tuple(sp.rewrites), tuple(sp.boundary.copies)
         if sp.rewrites and draft.group_name is None:
             draft.group_name = next(n.args[-1] for n in graph.nodes
                                     if n.op == "call_function" and "reduce_scatter" in str(n.target))

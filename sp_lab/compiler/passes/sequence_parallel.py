@@ -44,18 +44,28 @@ from torch import fx
 
 from sp_lab.compiler.passes.boundary import BoundaryEvents, BoundaryPolicy
 from sp_lab.compiler.passes.graph_builder import GraphBuilder, is_tensor_node, same_size
-from sp_lab.compiler.report import SPRewrite
+from sp_lab.compiler.report import CountKey, SPRewrite
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["TOKEN_LOCAL_REDUCTIONS", "TOKEN_SHARD", "SPResult", "apply_sequence_parallel"]
+__all__ = ["TOKEN_LOCAL_REDUCTIONS", "TOKEN_SHARD", "SPResult", "apply_sequence_parallel", "padded_shard_rows"]
 
-# The meta key set on every token shard the pass leaves in the graph: where SP runs before splitting, the
-# boundary records read it (a shard's shape alone can be mistaken: [1, S, H] at B = tp is also [S, H]-like).
+# The meta key set on every token shard the pass leaves in the graph, its value the shards' row alignment (1, or
+# 4: see _row_align): where SP runs before splitting, the boundary records read it (a shard's shape alone can be
+# mistaken: [1, S, H] at B = tp is also [S, H]-like) and size the shard with padded_shard_rows.
 TOKEN_SHARD = "sp_lab_token_shard"
 
-# Reductions that stay inside one token's row when they do not reduce dim 0.
+
+def padded_shard_rows(tokens: Any, tp: int, row_align: int) -> Any:
+    """Rows of each rank's shard of ``tokens`` rows when ``tp * row_align`` does not divide them: shards of a
+    multiple of ``row_align`` rows, zero-padded (where it divides, a shard is ``tokens // tp``). An int or a
+    SymInt; the pass builds the same sizes into the graph (``_Rewriter``'s ``chunk``)."""
+    align = tp * row_align
+    return (tokens + align - 1) // align * row_align
+
+# Reductions that stay inside one token's row when they reduce only dimensions after the token rows (or size-1 ones
+# among them): ``_Rewriter._token_local`` checks which.
 TOKEN_LOCAL_REDUCTIONS = {
     aten.mean.dim,
     aten.sum.dim_IntList,
@@ -82,10 +92,17 @@ class SPResult:
 
     rewrites: list[SPRewrite] = field(default_factory=list)
     boundary: BoundaryEvents = field(default_factory=BoundaryEvents)
-    added: list[str] = field(default_factory=list)
 
     def count(self, form: str) -> int:
         return sum(r.form == form for r in self.rewrites)
+
+    def matches(self) -> dict[CountKey, int]:
+        """The report's match counts of this rewrite: the sites by form, and what the boundary policy gathered
+        (outputs and in-place copies) or erased."""
+        counts = {CountKey(f"sp_{form}"): self.count(form) for form in ("first", "middle", "last")}
+        counts[CountKey.BOUNDARY_GATHER] = len(self.boundary.gathered_outputs) + len(self.boundary.copies_by("gathered"))
+        counts[CountKey.BOUNDARY_ERASE] = len(self.boundary.copies_by("erased"))
+        return counts
 
 
 def _is_sp_site(node: fx.Node, group_name: str | None) -> bool:
@@ -138,8 +155,8 @@ class _Rewriter:
 
         Symbolic: ``N`` is the product of the leading dimensions up to the first symbolic one (``[B, S, H]``
         and ``[B * S, H]`` both give ``B * S``) and must be ``B * S`` for one symbol ``S`` (else None: no SP).
-        Static (Dynamo specialised one token, or a hand-traced graph): dim 0 when tokens are dim 0 of the
-        model input, otherwise the first dimension that is not 1, as one batch.
+        Static (a graph traced for one count: a model that makes Dynamo specialise it, or a hand-traced graph):
+        dim 0 when tokens are dim 0 of the model input, otherwise the first dimension that is not 1, as one batch.
         """
         val = site_input.meta["val"]
         first_symbolic = next((d for d, size in enumerate(val.shape) if not isinstance(size, int)), None)
@@ -160,7 +177,7 @@ class _Rewriter:
             return False
         self.tokens_val, self.batch = counted
         if isinstance(self.tokens_val, int):
-            # A static graph (Dynamo specialised the count, e.g. one token): every size is a Python int that
+            # A static graph (traced for one count, e.g. one token): every size is a Python int that
             # GraphBuilder.sym folds, so nothing is read off a graph input. (Reading it would not work at one
             # token either: every size-1 dimension then "holds the tokens".)
             self._set_sizes(self.tokens_val, "tokens")
@@ -215,7 +232,7 @@ class _Rewriter:
         if not isinstance(val, torch.Tensor) or val.dim() == 0:
             return None
         if same_size(self.tokens_val, 1):
-            # One token (Dynamo specialises it): every size-1 dimension multiplies to N. The rows end where
+            # One token in a static graph: every size-1 dimension multiplies to N. The rows end where
             # they would for N > 1: at the model's token_dim, before the last (feature) dimension, and within
             # the leading size-1 dimensions.
             ones = next((d for d, size in enumerate(val.shape) if not same_size(size, 1)), val.dim())
@@ -471,8 +488,7 @@ class _Rewriter:
                     self.graph.erase_node(all_reduce)
         self.graph.eliminate_dead_code()
         for shard in [*self.shard.values(), *self.shard_cache.values()]:
-            shard.meta[TOKEN_SHARD] = True
-        self.result.added = [n.name for n in self.b.added if n.graph is self.graph and not n._erased]
+            shard.meta[TOKEN_SHARD] = self.row_align
         return self.result
 
 
