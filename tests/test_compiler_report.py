@@ -9,9 +9,11 @@ fixtures.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import operator
 import shutil
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +259,23 @@ def test_one_dynamo_capture_serves_every_token_count(one_capture):
     assert all(r.compile_time_s > 0 for r in report.ranges)
     again = CompileReport.from_json(report.to_json())
     assert again.to_dict() == report.to_dict()
+
+
+def test_an_unhashable_argument_picks_its_capture_by_identity_and_stays_alive():
+    """Dynamo specialises on a non-tensor argument; the call signature must tell two such objects apart even when
+    they cannot be hashed, and no other object may take a kept one's id (the signature holds it)."""
+
+    class Opaque:
+        __hash__ = None  # type: ignore[assignment]
+
+    tokens, kept = torch.arange(4), Opaque()
+    signature = capture.call_signature(tokens, 0, (kept,), {})
+    assert signature == capture.call_signature(tokens, 0, (kept,), {})
+    assert signature != capture.call_signature(tokens, 0, (Opaque(),), {})
+    alive = weakref.ref(kept)
+    del kept
+    gc.collect()
+    assert alive() is not None
 
 
 def test_compile_times_add_up_to_what_the_first_calls_cost(one_capture):
