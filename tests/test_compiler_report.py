@@ -112,6 +112,7 @@ def test_boundary_tensors_name_their_module_and_source_line(reports, label):
 def test_boundary_tensors_say_which_pieces_make_and_use_them(reports):
     for (label, boundary), report in reports.items():
         rng = report.range_for(12)
+        assert len(rng.boundaries) == 2, (label, boundary)  # one per attention of the 2-layer models
         for b in rng.boundaries:
             split = b.after_piece + 1  # the splitting op's piece
             for t in b.tensors:
@@ -127,7 +128,9 @@ def test_boundary_tensors_say_which_pieces_make_and_use_them(reports):
 
 def test_sharded_boundaries_carry_the_residual_as_a_shard(reports):
     for label in MODELS:
-        for b in reports[label, "sharded"].range_for(12).boundaries:
+        boundaries = reports[label, "sharded"].range_for(12).boundaries
+        assert len(boundaries) == 2, label
+        for b in boundaries:
             sharded = {t.name for t in b.tensors if t.sharded_after}
             assert sharded == {"residual"}, (label, b.index, sharded)
 

@@ -173,7 +173,9 @@ class Fp8Stack(nn.Module):
     Per layer: RMSNorm -> column-parallel ``torch._scaled_mm`` (+ bias, as Qwen2's q/k/v) -> SiLU ->
     row-parallel ``torch._scaled_mm`` -> functional all_reduce -> residual add. Rowwise: per-channel weight
     and per-token activation scales; tensorwise: scalar weight and static activation scales. The full
-    weights are drawn from ``seed`` and sliced per rank, so every tp gives the same model.
+    weights are drawn from ``seed`` and sliced per rank, then each rank quantises its own slice (``_quantize``):
+    the high-precision model is the same at every tp, the FP8 one is not (compare a tp with itself, compiled
+    against eager).
     """
 
     def __init__(self, *, tp: int = 1, rank: int = 0, tensorwise: bool = False, hidden: int = 32, inner: int = 64,
