@@ -10,6 +10,8 @@ Commands:
 ``export``  write the tuned config file (one JSON per device / tp / model / dtype, with provenance).
 ``report``  an HTML report: recommendation first, latency with intervals, regret, what ran, provenance.
 ``replay``  import recorded rows (a parquet / CSV file or another store) as ``source="replayed"``.
+``predict`` the performance model's curves, crossover and config for GPUs that are not here (``source:
+            predicted``), or ``--validate``: the model against published multi-GPU figures.
 
 Every command reads and writes the same default store (``out/sweeps`` in the project: see :mod:`sp_lab.paths`,
 the notebooks and the tuner use the same) and says which one it used. The
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sp_lab.config import BoundaryStrategy
+from sp_lab.config import BoundaryStrategy, ConfigError
 from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS
 from sp_lab.vocabulary import (
     DEFAULT_OUT,
@@ -127,12 +129,17 @@ def _add_filter_args(p: argparse.ArgumentParser) -> None:
 
 
 def _vllm_release(text: str) -> str:
-    from sp_lab.vllm_releases import release
+    """``--vllm-release``: the table's version, resolved while parsing (a release the table cannot place fails
+    before any sweep); a build or patch read as another table entry is said on stderr."""
+    from sp_lab.vllm_releases import resolve_release
 
     try:
-        return release(text).version
+        rel, note = resolve_release(text)
     except KeyError as e:
         raise argparse.ArgumentTypeError(e.args[0]) from None
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
+    return rel.version
 
 
 def _add_vllm_arg(p: argparse.ArgumentParser) -> None:
@@ -228,7 +235,10 @@ def _base_config(args: argparse.Namespace, rows: pl.DataFrame | None = None) -> 
     from sp_lab.config import LabConfig
 
     path = getattr(args, "config", None)
-    config = LabConfig.from_json(path) if path else LabConfig()
+    try:
+        config = LabConfig.from_json(path) if path else LabConfig()
+    except FileNotFoundError as e:
+        raise CliError(f"--config: {e}") from None
     tp = int(rows["tp"][0]) if rows is not None else args.tp
     changes: dict[str, Any] = {"tp_size": tp} if tp else {}
     if getattr(args, "boundary", None):
@@ -239,19 +249,22 @@ def _base_config(args: argparse.Namespace, rows: pl.DataFrame | None = None) -> 
 def _sweep(args: argparse.Namespace, *, store: Path, variants: Sequence[str], config: LabConfig,
            reports_dir: Path | None, progress: bool) -> Any:
     """Measure ``variants`` into ``store``: in place under torchrun, else on ``args.tp`` spawned ranks."""
-    from sp_lab.bench.sweep import launch_sweep, run_sweep
+    from sp_lab.bench.sweep import SweepArgumentError, launch_sweep, run_sweep
 
     kwargs = {"token_counts": args.tokens, "variants": list(variants), "config": config, "store_dir": str(store),
               "dtype": args.dtype, "num_layers": args.num_layers, "warmup": args.warmup, "repeats": args.repeats,
               "max_repeats": args.max_repeats, "ci_width": args.ci_width, "budget_s": args.budget,
               "cuda_graph": not args.no_cuda_graph, "reports_dir": str(reports_dir) if reports_dir else None}
-    if _under_torchrun():
-        from sp_lab.distributed.launch import init_from_env
+    try:
+        if _under_torchrun():
+            from sp_lab.distributed.launch import init_from_env
 
-        init_from_env(args.backend, timeout=args.timeout)
-        return run_sweep(args.model, tp_size=args.tp, progress=progress, **kwargs)
-    return launch_sweep(args.model, world_size=args.tp, backend=args.backend, timeout=args.timeout,
-                        progress=progress, **kwargs)
+            init_from_env(args.backend, timeout=args.timeout)
+            return run_sweep(args.model, tp_size=args.tp, progress=progress, **kwargs)
+        return launch_sweep(args.model, world_size=args.tp, backend=args.backend, timeout=args.timeout,
+                            progress=progress, **kwargs)
+    except SweepArgumentError as e:  # refused before any rank started: nothing to resume
+        raise CliError(str(e)) from None
 
 
 def _load_rows(store: Path, *, skip_corrupt: bool = False) -> pl.DataFrame:
@@ -346,7 +359,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from sp_lab.tuning.export import describe_file, export_config
+    from sp_lab.tuning.export import describe_file
     from sp_lab.tuning.policy import Policy
     from sp_lab.vocabulary import BASELINE, SP_ASYNC_TP
 
@@ -354,14 +367,29 @@ def cmd_export(args: argparse.Namespace) -> int:
     base = _base_config(args, df)
     rec = None
     if hasattr(args, "threshold"):
+        if args.threshold is not None and args.threshold > base.max_num_tokens:
+            raise CliError(f"--threshold {args.threshold} is above max_num_tokens={base.max_num_tokens}"
+                           f"{f' of --config {args.config}' if args.config else ''}: SP + AsyncTP would never run. "
+                           f"Give a threshold of at most {base.max_num_tokens}, or --threshold never for SP and "
+                           "AsyncTP off")
         config = Policy.gate(BASELINE, SP_ASYNC_TP, args.threshold).to_config(base)
     else:
         rec = _recommend(df, base)
         config = rec.config
-    path = export_config(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
-                         vllm_release=args.vllm_release, matmul_rows=_matmul_rows(args.matmul_rows))
+    path = _export(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
+                   vllm_release=args.vllm_release, matmul_rows=_matmul_rows(args.matmul_rows))
     print(describe_file(path))
     return 0
+
+
+def _export(rows: pl.DataFrame, config: LabConfig, out: Path, **kwargs: Any) -> Path:
+    """:func:`sp_lab.tuning.export.export_config`, its refusals (predicted rows, no rows) as user errors."""
+    from sp_lab.tuning.export import ExportError, export_config
+
+    try:
+        return export_config(rows, config, out, **kwargs)
+    except ExportError as e:
+        raise CliError(str(e)) from None
 
 
 def _matmul_rows(path: Path | None) -> pl.DataFrame | None:
@@ -436,12 +464,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         _sweep(args, store=store, variants=[TUNED], config=tuned, reports_dir=reports, progress=True)
     if not _is_rank0():
         return 0
-    from sp_lab.tuning.export import describe_file, export_config
+    from sp_lab.tuning.export import describe_file
     from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = _one_group(_one_source(_load_rows(store), MEASURED))
-    path = export_config(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
-                         vllm_release=args.vllm_release)
+    path = _export(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
+                   vllm_release=args.vllm_release)
     print(f"[4/5] {describe_file(path)}")
     overview = reports / "sp+async_tp.json"
     try:
@@ -493,10 +521,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     print(prediction.text())
     if args.export_predicted is not None:
-        from sp_lab.tuning.export import export_config
-
-        path = export_config(prediction.rows, prediction.config(), args.export_predicted,
-                             chosen_in="python -m sp_lab predict (source: predicted)", allow_predicted=True)
+        path = _export(prediction.rows, prediction.config(), args.export_predicted,
+                       chosen_in="python -m sp_lab predict (source: predicted)", allow_predicted=True)
         print(f"wrote {path} (source: predicted -- not measured)")
     return 0
 
@@ -505,23 +531,31 @@ COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "tune": cmd_tune, "export": cmd_
             "replay": cmd_replay, "predict": cmd_predict}
 
 
-def _fill_default_paths(args: argparse.Namespace) -> None:
-    """The project's output folder, store and report (:mod:`sp_lab.paths`) where the command line named none."""
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """The project's output folder, store and report (:mod:`sp_lab.paths`) where the command line named none, and
+    the vLLM release an export is for (the installed vLLM's, else the newest known), resolved before any work."""
     from sp_lab.paths import default_out, default_report, default_store
 
     if getattr(args, "out", False) is None:
         args.out = default_report() if args.command == "report" else default_out()
     if getattr(args, "store", False) is None and args.command != "run":  # run: OUT/sweeps
         args.store = default_store()
+    if getattr(args, "vllm_release", False) is None:
+        from sp_lab.vllm_releases import target_release
+
+        try:
+            args.vllm_release = target_release()
+        except KeyError as e:
+            raise CliError(e.args[0].replace("vllm_release= (CLI: --vllm-release)", "--vllm-release")) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sp_lab`` / ``sp-lab``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    _fill_default_paths(args)
     try:
+        _fill_defaults(args)
         return COMMANDS[args.command](args)
-    except CliError as e:
+    except (CliError, ConfigError) as e:  # ConfigError: a bad --config file or value, the message names it
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:

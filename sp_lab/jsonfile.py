@@ -39,10 +39,15 @@ def read_json(path_or_text: str | Path, *, what: str, error: type[Exception] = V
     if isinstance(path_or_text, str) and not _could_be_a_path(path_or_text):
         raise error(
             f"{what}: {path_or_text[:40]!r}{'...' if len(path_or_text) > 40 else ''} is neither JSON text "
-            "(which starts with '{') nor the path of a file"
+            "(which starts with '{' or '[') nor the path of a file"
         )
     path = Path(path_or_text)
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name the filesystem refuses (a component over 255 bytes): text, not a path
+        raise error(f"{what}: {str(path_or_text)[:40]!r}... is neither JSON text (which starts with '{{' or '[') "
+                    "nor the path of a file") from None
+    if not is_file:
         raise FileNotFoundError(
             f"no such {what} file: {str(path)!r} (pass a path to an existing file or JSON text)"
         )

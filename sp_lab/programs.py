@@ -197,9 +197,10 @@ class Policy:
     def to_config(self, base: LabConfig) -> LabConfig:
         """``base`` with its gates set to run this policy (reference variants: no per-matmul rule).
 
-        SP starts at the first step whose program runs SP, AsyncTP at the first that fuses; a policy that
-        never runs SP keeps ``base``'s ``async_tp_min_tokens`` (so its compile ranges match the runs it is
-        compared with).
+        SP starts at the first step whose program runs SP, AsyncTP at the first that fuses. A policy that
+        never runs SP keeps ``base``'s ``async_tp_min_tokens``, so its compile ranges split where fusion starts
+        in the runs it is compared with; like every reference variant it drops a second gate (``sp_min_tokens``),
+        and with it that split.
         """
         sp_from = [s for s, v in self.steps if _BY_NAME[v].sp]
         fuse_from = [s for s, v in self.steps if _BY_NAME[v].async_tp]

@@ -112,7 +112,7 @@ def features(m: int, n: int, k: int, tp: int = 1, dtype_bytes: int = 2) -> dict[
 
 def _positive_int(name: str, value: Any) -> int:
     try:
-        as_int = operator.index(value)  # accepts int and numpy integers, rejects floats and SymInts
+        as_int = operator.index(value)  # accepts int and numpy integers, rejects floats
     except TypeError:
         raise TypeError(
             f"{name}: expected a concrete positive int, got {type(value).__name__} {value!r}; "
@@ -296,11 +296,12 @@ class MatmulRule:
 
 def _node_to_dict(node: Node) -> dict[str, Any]:
     if isinstance(node, Leaf):
-        return {"choice": node.choice, "confidence": node.confidence, "samples": node.samples}
+        # Floats as floats: a rule and its JSON round trip are equal, and so must their uuids be.
+        return {"choice": node.choice, "confidence": float(node.confidence), "samples": node.samples}
     if isinstance(node, Split):
         return {
             "feature": node.feature,
-            "threshold": node.threshold,
+            "threshold": float(node.threshold),
             "left": _node_to_dict(node.left),
             "right": _node_to_dict(node.right),
         }

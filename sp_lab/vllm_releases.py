@@ -27,19 +27,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
+import warnings
 from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal
 
 from sp_lab.resources import DATA_DIR
-from sp_lab.vocabulary import NEVER
+from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
+    from sp_lab.programs import Policy
 
-__all__ = ["ALWAYS", "DEFAULT_RELEASE", "NotExpressible", "VllmExport", "VllmRelease", "installed_release",
-           "release", "releases", "unknown_fields", "vllm_export", "vllm_sp_min_token_num"]
+__all__ = ["ALWAYS", "DEFAULT_RELEASE", "VllmExport", "VllmRelease", "closest_policy", "installed_release",
+           "installed_table_release", "release", "releases", "resolve_release", "target_release", "unknown_fields",
+           "vllm_export", "vllm_sp_min_token_num"]
 
 RELEASES_FILE = DATA_DIR / "vllm" / "releases.json"
 """The release table, read from each release's wheel."""
@@ -99,6 +103,11 @@ class VllmRelease:
         return cls(**{**d, **sets})
 
 
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?((?:[.-]?(?:a|b|rc|post|dev)\d*)*)(\+[0-9A-Za-z._-]+)?")
+"""A PEP 440 release as vLLM's wheels and ``pip`` spell it: ``0.19.1``, ``0.18`` (a minor), ``0.20.0.dev5+g1a2b``,
+``0.18.1.post1``, ``0.19.1+cu128``, ``0.10.1rc1`` (packaging is not a dependency; this is all sp_lab needs)."""
+
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
@@ -115,26 +124,75 @@ DEFAULT_RELEASE = next(reversed(releases()))
 """The newest release in the table: what an export targets unless told otherwise (or vLLM is installed)."""
 
 
-def release(version: str) -> VllmRelease:
-    """The release ``version`` names: an exact version, a minor (``"0.18"``: its newest patch in the table), or a
-    newer version than the table knows (the newest known, which it then behaves as until the table is re-read).
-    Anything else is a ``KeyError`` listing the known minors."""
+def resolve_release(version: str) -> tuple[VllmRelease, str | None]:
+    """The table's release for ``version``, and a note when it is not the one named (else ``None``).
+
+    An exact table version is itself; a minor (``"0.18"``) its newest patch in the table. A build of a
+    release (``+cu128``, ``.post1``, ``.dev5``, ``rc1``) or a patch the table lacks (``0.19.0``, where 0.19.1
+    was read) is read as the table's release of the same minor: the newest patch not above it, else the
+    oldest of that minor; the note says so. Anything else -- not a version, or outside the table's range
+    (vLLM before 0.11 has other config classes; a release newer than the table was never read, and it
+    may have renamed or removed fields) -- is a ``KeyError`` naming the supported range.
+    """
     table = releases()
-    if version in table:
-        return table[version]
-    matches = [r for r in table.values() if r.minor == version or r.version.startswith(version + ".")]
-    if matches:
-        return matches[-1]
-    newest = table[DEFAULT_RELEASE]
+    text = str(version).strip()
+    if text in table:
+        return table[text], None
+    match = _VERSION.fullmatch(text)
+    oldest, newest = next(iter(table)), DEFAULT_RELEASE
+    supported = (f"supported: {oldest} to {newest}, by minor {', '.join(_minors())} (read from each release's "
+                 f"wheel into {RELEASES_FILE.name} by benchmarks/vllm_releases/read_releases.py)")
+    if match is None:
+        raise KeyError(f"{text!r} is not a vLLM version (expected MAJOR.MINOR[.PATCH], e.g. 0.18 or 0.31.0); "
+                       f"{supported}")
+    major, minor, patch, suffix, local = match.groups()
+    same_minor = [r for r in table.values() if r.minor == f"{int(major)}.{int(minor)}"]
+    if not same_minor:
+        raise KeyError(f"unknown vLLM release {text!r}: the release table has no {int(major)}.{int(minor)}; "
+                       f"{supported}")
+    if patch is None and not (suffix or local):
+        return same_minor[-1], None
+    patch_number = int(patch or 0)
+    at_or_below = [r for r in same_minor if _version_key(r.version)[2] <= patch_number]
+    chosen = at_or_below[-1] if at_or_below else same_minor[0]
+    build = " (a pre-release, dev, post or local build)" if suffix or local else ""
+    return chosen, (f"vLLM {text}{build} is not in the release table: read as {chosen.version}, the table's "
+                    f"{chosen.minor} release")
+
+
+def release(version: str) -> VllmRelease:
+    """The release ``version`` names (:func:`resolve_release`; a mapped version warns with the note).
+    ``KeyError`` naming the supported range for anything the table cannot place."""
+    rel, note = resolve_release(version)
+    if note is not None:
+        warnings.warn(note, stacklevel=2)
+    return rel
+
+
+def _minors() -> list[str]:
+    return sorted({r.minor for r in releases().values()}, key=_version_key)
+
+
+def target_release(version: str | None = None) -> str:
+    """The table version an export is written for: ``version``'s, else the installed vLLM's, else the newest known.
+
+    ``KeyError`` (the supported range, and how to name another release) where the installed vLLM is outside
+    the table: a file written for a release the table has never read would describe another one.
+    """
+    if version is not None:
+        return resolve_release(version)[0].version
     try:
-        newer = _version_key(version) > _version_key(newest.version)
-    except ValueError:
-        newer = False
-    if newer:
-        return newest
-    minors = sorted({r.minor for r in table.values()}, key=_version_key)
-    raise KeyError(f"unknown vLLM release {version!r}; known: {', '.join(minors)} (read from each release's wheel "
-                   f"into {RELEASES_FILE.name}; releases before 0.11 have other config classes)")
+        return installed_table_release() or DEFAULT_RELEASE
+    except KeyError as e:
+        raise KeyError(f"the installed vLLM: {e.args[0]}; name a release to write for with vllm_release= (CLI: "
+                       "--vllm-release)") from None
+
+
+def installed_table_release() -> str | None:
+    """The table's release for the installed vLLM (``0.19.1`` for ``0.19.1+cu128``), ``None`` without vLLM;
+    ``KeyError`` where the table cannot place it (:func:`resolve_release`)."""
+    installed = installed_release()
+    return None if installed is None else resolve_release(installed)[0].version
 
 
 def installed_release() -> str | None:
@@ -177,28 +235,27 @@ def vllm_sp_min_token_num(hidden_size: int, dtype_bytes: int, tp_size: int, devi
     return int(mb * tp_size * 2**20 // (hidden_size * dtype_bytes))
 
 
-class NotExpressible(ValueError):
-    """A config a vLLM release cannot run as sp_lab does (the message says why and what to do)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class VllmExport:
     """A config written for one vLLM release: the ``--compilation-config`` object, or why there is none."""
 
     release: VllmRelease
     policy: str
-    """The policy's name (``"never"``, ``"baseline -> sp+async_tp @ 256"``, ...)."""
+    """The policy's name (:attr:`sp_lab.programs.Policy.name`: ``"baseline everywhere (SP and AsyncTP never)"``,
+    ``"baseline below 256, sp+async_tp from 256"``, ...)."""
     compilation_config: dict[str, Any] | None
     """The object for ``vllm serve --compilation-config``; ``None`` when not expressible."""
     not_expressible: str | None
     """Why this release cannot run the policy (``None`` when it can)."""
     closest: dict[str, dict[str, Any]]
-    """Where not expressible: the expressible policies nearest to it (``"never"``, ``"always"``), each with its
-    ``compilation_config``; :func:`sp_lab.tuning.export.vllm_section` adds their regret on the measured rows."""
+    """Where not expressible: the expressible policies nearest to it (``"never"``, ``"always"``: what each runs is
+    :func:`closest_policy`), each with its ``compilation_config``; :func:`sp_lab.tuning.export.vllm_section` adds
+    their regret on the measured rows."""
     does: str
     """What the object does in this release, in words."""
     notes: tuple[str, ...] = ()
-    """What changed on the way (a CUDA-graph mode vLLM cannot keep beside SP, a per-matmul rule left out)."""
+    """What changed on the way (a version read as the table's release of its minor, a CUDA-graph mode vLLM cannot
+    keep beside SP, a per-matmul rule left out)."""
 
     def serve_line(self, model: str = "MODEL", tp_size: int | None = None, *, choice: str | None = None) -> str:
         """The ``vllm serve`` command that applies it; when not expressible, that of the closest choice named
@@ -225,16 +282,17 @@ class VllmExport:
 
 
 def vllm_export(config: LabConfig, version: str = DEFAULT_RELEASE) -> VllmExport:
-    """``config`` written for vLLM ``version`` (:class:`VllmExport`); ``KeyError`` for an unknown release."""
+    """``config`` written for vLLM ``version`` (:class:`VllmExport`; a version read as another table entry says so in
+    its notes); ``KeyError`` for a release the table cannot place (:func:`resolve_release`)."""
     from sp_lab.programs import Policy
 
-    rel = release(version)
+    rel, read_as = resolve_release(version)
     policy = Policy.of(config).name
     sp = config.enable_sp and config.tp_size > 1
     fused = sp and config.enable_async_tp
     start = config.sp_start
     graphs, graph_note = _cudagraph_mode(config, whole_graph=sp)
-    notes = (graph_note,) if graph_note else ()
+    notes = tuple(n for n in (read_as, graph_note) if n)
     if sp and fused and config.heuristic is not None:
         notes += ("the per-matmul fusion rule stays in the sp_lab section: vLLM fuses every matmul SP exposes",)
     reason = None
@@ -254,13 +312,26 @@ def vllm_export(config: LabConfig, version: str = DEFAULT_RELEASE) -> VllmExport
                   f"at every token count, without it only at static sizes tp divides; not from {start} tokens on")
     if reason is not None:
         closest = {NEVER: {"compilation_config": _never(rel, _cudagraph_mode(config, whole_graph=False)[0])}}
-        if rel.sp_gate in ("every_size", "sp_min_token_num") and config.max_num_tokens >= 1:
-            always = dataclasses.replace(config, async_tp_min_tokens=1, sp_min_tokens=None)
-            closest[ALWAYS] = {"compilation_config": _with_sp(rel, always, fused, graphs)}
+        if rel.sp_gate in ("every_size", "sp_min_token_num"):
+            always = closest_policy(config, ALWAYS).to_config(config)
+            closest[ALWAYS] = {"compilation_config": _with_sp(rel, always, always.enable_async_tp, graphs)}
         return VllmExport(rel, policy, None, reason, closest,
                           f"vLLM {rel.version} cannot run this policy: {reason}.", notes)
     return VllmExport(rel, policy, _with_sp(rel, config, fused, graphs), None, {},
                       _does_sp(rel, config, fused, graphs), notes)
+
+
+def closest_policy(config: LabConfig, name: str) -> Policy:
+    """The policy a closest choice (:attr:`VllmExport.closest`) runs: ``never`` plain TP everywhere; ``always``
+    SP everywhere, fused with AsyncTP only where ``config`` fuses (an SP-only config's fallback stays SP-only).
+    What the exported object runs and the regret written beside it both come from here."""
+    from sp_lab.programs import Policy
+
+    if name == NEVER:
+        return Policy.constant(BASELINE)
+    if name == ALWAYS:
+        return Policy.constant(SP_ASYNC_TP if config.enable_async_tp else SP)
+    raise ValueError(f"unknown closest choice {name!r}; the choices are {NEVER!r} and {ALWAYS!r}")
 
 
 def _cudagraph_mode(config: LabConfig, *, whole_graph: bool) -> tuple[str, str | None]:

@@ -16,6 +16,9 @@ SP_ASYNC_TP = "sp+async_tp"
 """SP with AsyncTP: the collectives fused with their neighbouring matmuls."""
 TUNED = "tuned"
 """The given (tuned) config as is: whatever its gates choose at each token count."""
+FUSION_MISSING_SUFFIX = " [fusion missing]"
+"""Appended to a variant whose transformation did not run (its fusion did not fire): the store's
+``reported_variant``, legends and the report spell such a row ``"<variant> [fusion missing]"``."""
 
 # Which passes each variant runs, and the variants' order, are sp_lab.programs.PROGRAMS (one table).
 

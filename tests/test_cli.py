@@ -278,6 +278,13 @@ def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_pat
     with pytest.raises(SystemExit):
         cli.main([*argv, "--vllm-release", "0.9"])
     assert "unknown vLLM release '0.9'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # "0" once matched every release by prefix and wrote 0.34.0
+        cli.main([*argv, "--vllm-release", "0"])
+    assert "'0' is not a vLLM version" in capsys.readouterr().err
+    assert cli.main([*argv, "--vllm-release", "0.19.0+cu128"]) == 0  # a build: its minor's release, said so
+    captured = capsys.readouterr()
+    assert "note: vLLM 0.19.0+cu128 (a pre-release, dev, post or local build) is not in the release table: read " \
+           "as 0.19.1" in captured.err and "vLLM 0.19.1 (chosen)" in captured.out
     # per-matmul rows give each shape its own gate: qkv's fused form wins from 64 tokens (32 per rank) on
     matmul = tmp_path / "matmul.csv"
     pl.DataFrame([{"name": "qkv", "side": "ag", "k": 64, "n": 64, "dtype": "float32", "tp": 2, "m": m,
@@ -306,3 +313,67 @@ def test_report_never_replaces_another_stores_report_unasked(store, tmp_path, ca
     assert cli.main(["report", "--store", str(other), "--out", str(out), "--cdn"]) == 2
     assert f"is the report of the rows in {store}" in capsys.readouterr().err
     assert cli.main(["report", "--store", str(other), "--out", str(out), "--cdn", "--force"]) == 0
+
+
+def test_an_installed_vllm_the_table_cannot_place_fails_before_any_work(store, tmp_path, monkeypatch, capsys):
+    import sp_lab.vllm_releases as V
+
+    _tuning_rows = cli._tuning_rows
+
+    monkeypatch.setattr(V, "installed_release", lambda: "0.10.2")
+    monkeypatch.setattr(cli, "_tuning_rows", lambda args: pytest.fail("rows were read before the release"))
+    assert cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the installed vLLM: unknown vLLM release '0.10.2'") and "0.11.0 to 0.34.0" in err
+    assert err.endswith("name a release to write for with --vllm-release") and "\n" not in err
+    monkeypatch.setattr(V, "installed_release", lambda: "0.19.1+cu128")  # a build of a table release: its entry
+    monkeypatch.setattr(cli, "_tuning_rows", _tuning_rows)
+    assert cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]) == 0
+    assert "vLLM 0.19.1 (installed here)" in capsys.readouterr().out
+
+
+def test_export_refusals_are_one_line_errors_naming_the_flags(store, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "cfg")]
+
+    def error(*argv: str) -> str:
+        assert cli.main(list(argv)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+        return err
+
+    err = error("export", "--store", str(store), "--threshold", "99999", *out)
+    assert "--threshold 99999 is above max_num_tokens=16384" in err and "at most 16384, or --threshold never" in err
+    assert "enable_sp=False" not in err
+    small = tmp_path / "small.json"
+    small.write_text(LabConfig(max_num_tokens=128).to_json())
+    err = error("export", "--store", str(store), "--threshold", "256", "--config", str(small), *out)
+    assert f"--threshold 256 is above max_num_tokens=128 of --config {small}" in err
+    assert "--config: no such config file" in error("export", "--store", str(store), "--config",
+                                                    str(tmp_path / "missing.json"), *out)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"async_tp_min_tokens": 0}')  # a ConfigError: the field and its range
+    assert "async_tp_min_tokens: must be in [1, max_num_tokens=16384], got 0" in error(
+        "export", "--store", str(store), "--config", str(bad), *out)
+    predicted = tmp_path / "predicted"
+    SweepStore(predicted).append(curve_rows(source="predicted"))
+    err = error("export", "--store", str(predicted), "--source", "predicted", "--threshold", "64", *out)
+    assert "these rows are predictions" in err and "python -m sp_lab predict --export-predicted DIR" in err
+    assert not (tmp_path / "cfg").exists()  # nothing written by any of them
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--dtype", "bogus"], "dtype='bogus' is not a model dtype"),
+    (["--repeats", "5", "--max-repeats", "2"], "need max_repeats >= repeats"),
+    (["--ci-width", "0"], "ci_width > 0"),
+    (["--tokens", "1,99999"], "token counts [99999] exceed config.max_num_tokens=16384"),
+    (["--warmup", "-1"], "need warmup >= 0"),
+    (["--tp", "3"], "tp_size=3 does not divide"),
+])
+def test_sweep_arguments_every_rank_would_refuse_are_refused_before_launching(argv, message, tmp_path, monkeypatch,
+                                                                              capsys):
+    from sp_lab.distributed import launch
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("ranks were started"))
+    assert cli.main(["sweep", "--store", str(tmp_path / "s"), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "resume" not in err, err

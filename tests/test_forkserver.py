@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sp_lab
-from sp_lab.distributed import forkserver
+from sp_lab.distributed import LaunchTimeout, forkserver
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
                                 reason="no fork server here (not Linux, or a CUDA device: ranks start fresh)")
@@ -52,3 +52,18 @@ def test_switched_off_every_rank_is_a_fresh_interpreter_of_the_caller(monkeypatc
     ranks = sp_lab.launch(_what_the_rank_sees, world_size=2, backend="gloo")
     assert [r["parent"] for r in ranks] == [os.getpid(), os.getpid()]
     assert all(r["session_leader"] for r in ranks)
+
+
+def test_a_deadline_that_passes_while_the_server_starts_is_a_launch_timeout_and_the_next_launch_works(monkeypatch):
+    """The first launch of a process waits for its fork server to import torch: a timeout shorter than that ends it
+    as a LaunchTimeout (not after the server's own 5 minutes), and the server, whose late reply belongs to no
+    request any more, is not used again."""
+    monkeypatch.delenv("SP_LAB_FORKSERVER", raising=False)
+    monkeypatch.setenv("SP_LAB_TEST_PROBE", f"fresh server {os.getpid()} {id(monkeypatch)}")  # a new server
+    with pytest.raises(LaunchTimeout, match="before rank 0 of 2 had started") as info:
+        sp_lab.launch(_what_the_rank_sees, world_size=2, backend="gloo", timeout=0.2)
+    assert tuple(info.value.ranks) == (0, 1)
+    slow_server = forkserver.server_pid()
+    ranks = sp_lab.launch(_what_the_rank_sees, world_size=2, backend="gloo")
+    assert forkserver.server_pid() != slow_server
+    assert [r["parent"] for r in ranks] == [forkserver.server_pid()] * 2

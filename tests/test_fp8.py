@@ -53,9 +53,22 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 # -- a tiny compressed-tensors FP8 checkpoint, quantised here (not by sp_lab) -----------------------------------
 
 
-def write_fp8_checkpoint(path: Path, granularity: str) -> Path:
+def fp8_config_json(cfg: Any, granularity: str) -> dict[str, Any]:
+    """The config.json of ``cfg`` (a DecoderConfig) as a compressed-tensors FP8 checkpoint of ``granularity``."""
+    scheme = {"weights": {"num_bits": 8, "type": "float", "strategy": granularity, "symmetric": True},
+              "input_activations": {"num_bits": 8, "type": "float", "strategy": "token" if granularity == "channel"
+                                    else "tensor", "dynamic": granularity == "channel"}, "targets": ["Linear"]}
+    return {"model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
+            "quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                    "config_groups": {"group_0": scheme}, "ignore": ["lm_head"]}}
+
+
+def write_fp8_checkpoint(path: Path, granularity: str, *, scalar_scales: bool = False) -> Path:
     """The toy's random bf16 weights as a compressed-tensors "float-quantized" checkpoint: per linear ``weight``
-    float8_e4m3fn, ``weight_scale`` ``[out, 1]`` (channel) or ``[1]`` (tensor) and, tensor, ``input_scale``."""
+    float8_e4m3fn, ``weight_scale`` ``[out, 1]`` (channel) or ``[1]`` (tensor; a 0-d scalar with
+    ``scalar_scales``, as some checkpoints store it) and, tensor, ``input_scale`` (the same shape)."""
     from safetensors.torch import save_file
 
     model = sp_lab.models.build("toy", dtype=torch.bfloat16)
@@ -69,26 +82,19 @@ def write_fp8_checkpoint(path: Path, granularity: str) -> Path:
                                      *mlp.gate_up_proj.weight.chunk(2), mlp.down_proj.weight]))
         for name, w in full.items():
             w = w.float() * (1.5 if name.endswith("k_proj") else 1.0)  # unequal part scales: requantised on load
-            amax = w.abs().amax(-1, keepdim=True) if granularity == "channel" else w.abs().amax().reshape(1)
+            one = () if scalar_scales else (1,)
+            amax = w.abs().amax(-1, keepdim=True) if granularity == "channel" else w.abs().amax().reshape(one)
             scale = amax / 448.0
             prefix = f"model.layers.{i}.{name}"
             hf[f"{prefix}.weight"] = (w / scale).to(FP8_DTYPE)
             hf[f"{prefix}.weight_scale"] = scale
             if granularity == "tensor":
-                hf[f"{prefix}.input_scale"] = torch.tensor([8.0 / 448.0])
+                hf[f"{prefix}.input_scale"] = torch.tensor(8.0 / 448.0).reshape(one)
         for norm in ("input_layernorm", "post_attention_layernorm"):
             hf[f"model.layers.{i}.{norm}.weight"] = getattr(layer, norm).weight
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in hf.items()}, str(path / "model.safetensors"))
-    scheme = {"weights": {"num_bits": 8, "type": "float", "strategy": granularity, "symmetric": True},
-              "input_activations": {"num_bits": 8, "type": "float", "strategy": "token" if granularity == "channel"
-                                    else "tensor", "dynamic": granularity == "channel"}, "targets": ["Linear"]}
-    config = {"model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-              "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-              "num_key_value_heads": cfg.num_kv_heads, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
-              "quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
-                                      "config_groups": {"group_0": scheme}, "ignore": ["lm_head"]}}
-    (path / "config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps(fp8_config_json(cfg, granularity)))
     return path
 
 
@@ -231,6 +237,33 @@ def test_fp8_checkpoint_loads_as_written(checkpoints, granularity):
     with torch.no_grad():
         logits = model(_ids(13))
     assert torch.isfinite(logits).all()
+
+
+def test_scalar_tensorwise_scales_load_as_one_element_scales(checkpoints, tmp_path):
+    """Checkpoints in the wild store a tensorwise weight_scale / input_scale as [1] or as a 0-d scalar: the same
+    values either way, so the same model."""
+    scalar = write_fp8_checkpoint(tmp_path / "scalar", "tensor", scalar_scales=True)
+    from safetensors import safe_open
+
+    with safe_open(str(scalar / "model.safetensors"), "pt") as f:
+        assert f.get_slice("model.layers.0.self_attn.q_proj.weight_scale").get_shape() == []
+    ids = _ids(13)
+    with torch.no_grad():
+        got = sp_lab.models.build(scalar, dtype=torch.bfloat16)(ids)
+        want = sp_lab.models.build(checkpoints["tensor"], dtype=torch.bfloat16)(ids)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_fp8_checkpoint_config_alone_builds_on_meta(tmp_path, granularity):
+    """device="meta" reads config.json only (no weights): a tensorwise checkpoint's per-part scales are fused on
+    meta tensors too (repeat_interleave needs its output size there), e.g. to trace a 70B FP8 model."""
+    (tmp_path / "config.json").write_text(json.dumps(fp8_config_json(sp_lab.models.resolve_config("toy"), granularity)))
+    model = sp_lab.models.build(tmp_path, device="meta", dtype=torch.bfloat16)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.is_meta and qkv.weight.dtype == FP8_DTYPE
+    assert qkv.weight_scale.shape == ((qkv.weight.shape[0], 1) if granularity == "channel" else ())
+    assert model.spec.quant == ("fp8-rowwise" if granularity == "channel" else "fp8-tensorwise")
 
 
 @pytest.mark.parametrize(("qc", "message"), [

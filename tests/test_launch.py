@@ -276,6 +276,21 @@ def test_the_rank_that_failed_first_is_named_whatever_order_the_reports_arrive_i
     assert [w.report[0] for w in _root_cause_first([peer_error, died])] == ["died", "error"]
 
 
+def test_a_second_failure_without_a_message_is_listed_too():
+    """A bare ``assert`` in a rank has no text: the summary of the other failures must still be built."""
+    from types import SimpleNamespace
+
+    from sp_lab.distributed.launch import _one_line
+
+    silent = SimpleNamespace(rank=1, report=("error", "AssertionError", "", "tb", "run", 1.0))
+    assert _one_line(silent) == "rank 1 raised AssertionError: "
+
+
+def test_arguments_the_function_cannot_take_are_refused_before_any_rank_starts():
+    with pytest.raises(TypeError, match=r"_raise_on_rank_1\(\) cannot take the arguments given"):
+        sp_lab.launch(_raise_on_rank_1, 1, world_size=2)
+
+
 def test_a_sigkilled_rank_is_named_with_its_signal():
     with pytest.raises(RankError) as info:
         sp_lab.launch(_sigkill_rank_1, world_size=2, timeout=60)
@@ -390,7 +405,7 @@ def test_unknown_backend_lists_the_known_ones():
     [
         ({"world_size": 0}, "world_size must be a positive int"),
         ({"timeout": -1}, "timeout must be a positive number"),
-        ({"world_size": 2, "lock": threading.Lock()}, "could not serialise"),
+        ({"world_size": 2, "file": threading.Lock()}, "could not serialise"),  # print takes file=
     ],
 )
 def test_bad_arguments_are_rejected_up_front(kwargs, match):

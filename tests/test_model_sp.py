@@ -1,10 +1,12 @@
 """Model-level SP gates: tokens per rank from which a fused matmul pays, and the pasteable function."""
 
+import dataclasses
+
 import polars as pl
 import pytest
 
 from sp_lab.config import LabConfig
-from sp_lab.rules import MatmulRule
+from sp_lab.rules import Leaf, MatmulRule, Split
 from sp_lab.tuning.export import describe_file, export_config, function_path
 from sp_lab.tuning.model_sp import LAYER_SWEEP, PER_MATMUL, RULE, crossover_per_rank, model_sp_table
 
@@ -105,3 +107,32 @@ def test_exported_file_says_what_it_does_and_whether_its_machine_can_answer(tmp_
     for source, why in (("rehearsal", "no real overlap"), ("simulated", "no GPU measured this policy")):
         text = describe_file(export_config(_sweep_rows(source=source), config, tmp_path / source, chosen_in="test"))
         assert f"WARNING: tuned on {source} rows" in text and why in text and "next: measure on the GPUs" in text
+
+
+def test_the_fusion_gate_is_where_async_tp_starts_not_where_sp_does():
+    # SP from 16 tokens, AsyncTP from 256, tp 4: SP pays per layer from 4 tokens per rank, fusion from 64 (not 4)
+    staged = LabConfig(tp_size=4, sp_min_tokens=16, async_tp_min_tokens=256, max_num_tokens=8192)
+    table = model_sp_table(_sweep_rows(), staged)
+    assert table.sp_min_tokens_per_rank == 4
+    assert {(m.min_tokens_per_rank, m.basis) for m in table.matmuls} == {(64, LAYER_SWEEP)}
+    # SP without AsyncTP never fuses a matmul: no gate, though SP itself runs from 64 tokens per rank
+    sp_only = LabConfig(tp_size=4, enable_async_tp=False, async_tp_min_tokens=256, max_num_tokens=8192)
+    table = model_sp_table(_sweep_rows(), sp_only)
+    assert table.sp_min_tokens_per_rank == 64
+    assert {(m.min_tokens_per_rank, m.basis) for m in table.matmuls} == {(None, LAYER_SWEEP)}
+    assert table.lookup(8192, 2560, "bfloat16", 4) is None
+    # a rule that fuses everything is floored at the AsyncTP gate, not at SP's start
+    fuse_all = dataclasses.replace(staged, heuristic=MatmulRule.always("fuse"))
+    assert {(m.min_tokens_per_rank, m.basis) for m in model_sp_table(_sweep_rows(), fuse_all).matmuls} == {(64, RULE)}
+    no_async = dataclasses.replace(sp_only, heuristic=MatmulRule.always("fuse"))
+    assert {m.min_tokens_per_rank for m in model_sp_table(_sweep_rows(), no_async).matmuls} == {None}
+
+
+def test_an_fp8_layer_asks_the_rule_about_fp8_matmuls():
+    # fuse 1-byte (FP8) operands, never 2-byte ones: the rows' dtype must reach the rule
+    by_width = MatmulRule(Split("dtype_bytes", 1.5, Leaf("fuse"), Leaf("no_fuse")))
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192, heuristic=by_width)
+    fp8 = model_sp_table(_sweep_rows().with_columns(dtype=pl.lit("fp8-rowwise")), config)
+    bf16 = model_sp_table(_sweep_rows(), config)
+    assert {(m.dtype, m.min_tokens_per_rank) for m in fp8.matmuls} == {("fp8-rowwise", 64)}  # from AsyncTP's gate
+    assert {(m.dtype, m.min_tokens_per_rank) for m in bf16.matmuls} == {("bfloat16", None)}

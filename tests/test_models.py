@@ -302,6 +302,52 @@ def test_unknown_name_and_override_are_refused():
     assert TensorParallel(0, 1).shard(10, "x") == 10
 
 
+def test_dtype_is_a_model_dtype_given_by_name_or_torch_dtype():
+    """A dtype name builds the model a torch.dtype builds; an integer or FP8 dtype is refused at build(), naming the
+    value and what works, instead of failing in torch.empty (a name) or at the first matmul (int32)."""
+    by_name = models.build("toy", dtype="bfloat16")
+    assert by_name.lm_head.weight.dtype == torch.bfloat16
+    assert torch.equal(by_name(_ids(5, 256)), models.build("toy", dtype=torch.bfloat16)(_ids(5, 256)))
+    assert models.build("toy", dtype="torch.float16", device="meta").lm_head.weight.dtype == torch.float16
+    with pytest.raises(ValueError, match=r"dtype=torch.int32 is not a model dtype; use one of \['float32', "
+                                         r"'bfloat16', 'float16', 'float64'\]"):
+        models.build("toy", dtype=torch.int32)
+    with pytest.raises(ValueError, match="dtype='bf16' is not a model dtype"):
+        models.build("toy", dtype="bf16")
+    with pytest.raises(ValueError, match="quant='fp8' with dtype='bfloat16'"):
+        models.build("toy", dtype=torch.float8_e4m3fn)
+
+
+def test_quant_override_is_resolved_where_the_config_is():
+    """resolve_config (a launched sweep's pre-check) refuses a quant typo and returns the scheme, not a string."""
+    from sp_lab.models.fp8 import Fp8Scheme
+
+    with pytest.raises(ValueError, match="quant='fp9' is not supported; use None"):
+        models.resolve_config("toy", quant="fp9")
+    assert models.resolve_config("toy", quant="fp8").quant == Fp8Scheme("rowwise")
+    assert models.resolve_config("llama-3-8b", quant="fp8-tensorwise").quant == Fp8Scheme("tensorwise")
+
+
+def test_a_checkpoint_directory_named_like_a_preset_is_never_taken_for_it(tmp_path, monkeypatch):
+    """./llama-3-8b/ with a config.json beside the preset llama-3-8b: the bare name is refused (it used to give
+    the preset's random weights), and './llama-3-8b' picks the directory."""
+    monkeypatch.chdir(tmp_path)
+    local = tmp_path / "llama-3-8b"
+    local.mkdir()
+    (local / "config.json").write_text('{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, '
+                                       '"num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, '
+                                       '"vocab_size": 256}')
+    for call in (models.resolve_config, lambda name: models.build(name, device="meta")):
+        with pytest.raises(ValueError, match=r"'llama-3-8b' is both a preset and a checkpoint directory here "
+                                             r".*'./llama-3-8b' \(or its absolute path\) for the checkpoint directory"):
+            call("llama-3-8b")
+    cfg = models.resolve_config("./llama-3-8b")
+    assert cfg.hidden_size == 64 and cfg.source == str(local.resolve())
+    assert models.build("./llama-3-8b", device="meta").config.hidden_size == 64
+    (tmp_path / "toy").mkdir()  # a directory without config.json is no checkpoint: "toy" is still the toy
+    assert models.resolve_config("toy").source == "sp_lab built-in toy"
+
+
 # --------------------------------------------------------------------------------------------------
 # Two gloo ranks: TP logits == unsharded logits (one launch for all cases; each launch costs seconds)
 

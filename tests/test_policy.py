@@ -8,7 +8,7 @@ import pytest
 
 from sp_lab.bench.timing import median_ci
 from sp_lab.config import LabConfig
-from sp_lab.tuning.policy import Policy, candidate_policies, recommend
+from sp_lab.tuning.policy import Policy, candidate_policies, recommend, threshold_text
 from sp_lab.tuning.regret import REGRET_COLUMNS, medians, regret_table, variant_run
 
 TOKENS = [16, 64, 128, 256, 512, 1024]
@@ -117,6 +117,22 @@ def test_equal_variants_are_reported_not_distinguishable_and_the_least_rewriting
     assert rec.policy.name == "baseline everywhere (SP and AsyncTP never)"  # rewrites nothing
     assert not rec.config.enable_sp and rec.threshold is None
     assert rec.to_dict()["async_tp_min_tokens"] == "never"
+
+
+def test_the_recommendations_async_tp_min_tokens_is_where_its_config_fuses():
+    """Not the policy's first switch: "sp+async_tp everywhere" fuses from 1 token, "baseline below 64, sp from 64"
+    never fuses; tune --json and an exported file's provenance must say the same as the config itself."""
+    everywhere = {"baseline": lambda t: 100.0 + t, "sp+async_tp": lambda t: 0.5 * (100.0 + t)}
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.8),
+              "sp+async_tp": lambda t: (100.0 + t) * 1.5}
+    for latency, name, written in ((everywhere, "sp+async_tp everywhere", 1),
+                                   (staged, "baseline below 64, sp from 64", "never"),
+                                   (CROSSING, "baseline below 256, sp+async_tp from 256", 256)):
+        rows = [{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in latency.items()]
+        rec = recommend(rows, LabConfig())
+        assert rec.policy.name == name
+        assert rec.to_dict()["async_tp_min_tokens"] == written
+        assert threshold_text(rec.config) == str(written)  # what `tune` prints and the provenance records
 
 
 def test_thresholds_within_noise_are_named_and_the_later_one_is_chosen():

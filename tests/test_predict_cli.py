@@ -22,10 +22,20 @@ REPO = Path(__file__).resolve().parents[1]
     (["predict", "--model", "llama-9"], "unknown model 'llama-9' for a prediction; allowed: llama-2-7b, llama-3-70b"),
     (["predict", "--dtype", "int3"], "unsupported dtype 'int3'"),
     (["predict", "--tp", "3"], "tp=3 does not divide"),
+    (["predict", "--tp", "16"], ("tp=16: predictions model one 8-GPU board (its NVLink / NVSwitch); tensor "
+                                 "parallelism across nodes is not modelled: pick a tp of at most 8")),
 ])
 def test_bad_values_are_clear_errors(argv, message, capsys):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_tp_beyond_one_board_is_refused_before_any_prediction(monkeypatch):
+    from sp_lab.tuning.predict import advice
+
+    monkeypatch.setattr(advice, "predict_layers", lambda *a, **k: pytest.fail("predicted before refusing"))
+    with pytest.raises(ValueError, match="tp=16: predictions model one 8-GPU board"):
+        predict("llama-3-70b", 16, "h200")
 
 
 @pytest.fixture(scope="module")

@@ -172,6 +172,30 @@ def test_per_matmul_rules_compose_the_layer():
         predict_layers("llama-3-70b", 8, [64], "h200", rule="oracle")
 
 
+def test_an_fp8_layer_asks_the_rule_about_fp8_matmuls():
+    """The ``tuned`` curve and the per-matmul training rows carry the operand width: a rule that fuses 1-byte
+    operands only fuses every FP8 matmul and no bf16 one."""
+    import polars as pl
+
+    from sp_lab.rules import Leaf, MatmulRule, Split
+    from sp_lab.tuning import train as T
+    from sp_lab.tuning.predict.layer import matmul_rows
+
+    by_width = MatmulRule(Split("dtype_bytes", 1.5, Leaf("fuse"), Leaf("no_fuse")))
+
+    def tuned_fused(dtype: str) -> int:
+        rows = predict_layers("llama-3-70b", 8, [2048], Target.of("h200", dtype=dtype), num_layers=1, rule=by_width)
+        return rows.filter(pl.col("variant") == "tuned")["n_fused"].item()
+
+    assert (tuned_fused("fp8"), tuned_fused("fp8-tensorwise"), tuned_fused("bfloat16")) == (4, 4, 0)
+    shapes = tp_matmul_shapes("llama-3-70b", 8)
+    for dtype, width in (("fp8", 1), ("bfloat16", 2)):
+        rows = matmul_rows(shapes, [64], 8, 8192, Target.of("h200", dtype=dtype))
+        assert T._row_widths(rows) == [width] * 4  # trained and evaluated as this width, not as bf16
+        assert T.evaluate_rule(by_width, rows).per_shape["decision"].to_list() == ["fuse" if width == 1 else
+                                                                                   "no_fuse"] * 4
+
+
 def test_fp8_bench_rows_are_read_per_scaling(tmp_path):
     # benchmarks/bench_matmul_fp8_h200.py's layout, with made-up times: each FP8 scaling is its own table, the
     # run's bf16 reference rows are not read, failed rows are dropped.

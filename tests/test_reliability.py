@@ -673,6 +673,9 @@ def test_the_json_reader_says_what_a_file_is_not(tmp_path):
         with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: .*{message}"):
             read_json(path, what="config")
     assert read_json(' [1, {"a": 2}]', what="rule") == [1, {"a": 2}]  # text is parsed, never opened
+    # Text without its opening brace, longer than a file name may be: the same message, not the OS's.
+    with pytest.raises(ValueError, match=r"is neither JSON text \(which starts with '\{' or '\['\)"):
+        read_json('  "mode": "sp",' + " x" * 200, what="config")
 
 
 def test_pickle_or_binary_text_passed_as_config_text_is_not_taken_for_json_or_a_path(canary, tmp_path):

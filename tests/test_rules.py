@@ -88,6 +88,10 @@ def test_python_built_tree_equals_loaded_one(rule):
 
 def test_uuid_tracks_decisions_not_meta(rule):
     assert rule.uuid() == MatmulRule.from_dict(TREE).uuid()
+    # Numbers written as ints: equal to the JSON round trip (floats), and so is the uuid.
+    whole = MatmulRule(Split("m", 512, Leaf("no_fuse", 1, 40), Leaf("fuse", 1, 12)))
+    again = MatmulRule.from_json(whole.to_json())
+    assert again == whole and again.uuid() == whole.uuid()
     assert len(rule.uuid()) == 64
     changed = json.loads(json.dumps(TREE))
     changed["threshold"] = 256

@@ -104,11 +104,16 @@ def test_rows_missing_provenance_or_with_bad_values_are_refused():
         SweepStore("unused").done_keys(colour="red")
 
 
-def test_a_store_path_that_is_a_file_is_refused(tmp_path):
+def test_a_store_path_that_is_a_file_is_refused_with_a_command_that_parses(tmp_path):
+    from sp_lab.cli import build_parser
+
     f = tmp_path / "rows.parquet"
     f.write_bytes(b"x")
-    with pytest.raises(NotADirectoryError, match="replay --from FILE"):
+    with pytest.raises(NotADirectoryError, match="replay FILE --store DIR") as info:
         SweepStore(f)
+    advised = str(info.value).split("`python -m sp_lab ")[1].split("`")[0].split()
+    args = build_parser().parse_args(advised)  # the advice is a command the CLI takes as written
+    assert (args.command, str(args.source), str(args.store)) == ("replay", "FILE", "DIR")
 
 
 def test_temporary_files_of_a_writer_in_progress_are_invisible(tmp_path):
@@ -307,6 +312,22 @@ def test_a_point_measured_between_listing_and_claiming_is_not_measured_again(tmp
     assert again is not None
     again.release()
     assert store.read().height == 1
+
+
+def test_a_claim_counts_a_point_done_by_a_row_of_the_claiming_sweeps_own_source(tmp_path):
+    """Rehearsal sweeps (ranks sharing one GPU) plan by rehearsal rows: a point another rehearsal sweep measured
+    after the listing is done for them, and a measured row does not make a rehearsal point done (nor the reverse)."""
+    store = SweepStore(tmp_path / "store")
+    key = tuple(make_row(8)[c] for c in KEY_COLUMNS)
+    seen = set(store.parts())
+    store.append([make_row(8, source="rehearsal", sweep_id="b")])  # the concurrent rehearsal sweep's row
+    done: set = set()
+    assert store.claim_points({"sp": key}, set(seen), done, source="rehearsal") == {}
+    assert key in done
+    measured_done: set = set()
+    claims = store.claim_points({"sp": key}, set(seen), measured_done)  # default: a measuring sweep's
+    assert list(claims) == ["sp"] and key not in measured_done
+    claims["sp"].release()
 
 
 def test_a_plan_is_recorded_read_and_forgotten(tmp_path):

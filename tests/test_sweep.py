@@ -29,7 +29,7 @@ from torch import nn
 import sp_lab
 from sp_lab.bench.store import KEY_COLUMNS, NULLABLE_COLUMNS, ROW_SCHEMA, SweepStore
 from sp_lab.bench.sweep import (
-    MISSING_SUFFIX,
+    SweepArgumentError,
     expectation,
     launch_sweep,
     run_sweep,
@@ -40,6 +40,7 @@ from sp_lab.compiler.ranges import CompileRange
 from sp_lab.config import LabConfig
 from sp_lab.distributed.launch import RankError
 from sp_lab.models import ModelSpec
+from sp_lab.vocabulary import FUSION_MISSING_SUFFIX
 
 TOKENS = [1, 4, 16, 64]
 REPO = Path(__file__).resolve().parents[1]
@@ -249,6 +250,46 @@ def test_bad_arguments_are_named():
         run_sweep("stand-in", token_counts=[1], dtype="float33", config=LabConfig(tp_size=1), **common)
 
 
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"dtype": "float33"}, SweepArgumentError, "dtype='float33' is not a model dtype"),
+    ({"repeats": 5, "max_repeats": 2}, SweepArgumentError, "need max_repeats >= repeats"),
+    ({"ci_width": 0.0}, SweepArgumentError, "ci_width > 0"),
+    ({"warmup": -1}, SweepArgumentError, "need warmup >= 0 and repeats >= 1, got warmup=-1"),
+    ({"token_counts": [4, 64]}, SweepArgumentError, r"token counts \[64\] exceed config.max_num_tokens=32"),
+    ({"tp_size": 4}, SweepArgumentError, "tp_size=4 but world_size=2: TP spans the whole group; pass world_size=4"),
+    ({"variants": ["sp", "turbo"]}, SweepArgumentError, "unknown or no variants"),
+    ({"repeat": 3}, TypeError, r"launch_sweep: unknown arguments \['repeat'\]"),
+])
+def test_launch_refuses_what_every_rank_would_before_starting_them(kwargs, error, message, monkeypatch):
+    """The ranks' own checks, run once here: a bad argument never starts ranks that would all fail with it."""
+    from sp_lab.distributed import launch
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("ranks were started"))
+    args = {"token_counts": [4], "config": LabConfig(tp_size=2, max_num_tokens=32, async_tp_min_tokens=4),
+            "build_fn": stand_in_build, "progress": False, **kwargs}
+    with pytest.raises(error, match=message):
+        launch_sweep("stand-in", world_size=2, store_dir="unused", **args)
+
+
+def test_a_rehearsal_sweep_skips_a_point_another_rehearsal_sweep_measured_meanwhile(tmp_path):
+    """The claim's re-check counts rows of the sweep's own source, as its plan does: rehearsal rows for ranks
+    sharing one GPU (a re-check by measured rows only would measure the point twice)."""
+    from test_store import make_row
+
+    from sp_lab.bench.sweep import _claim_or_skip, _plan_points, _Progress, config_hash
+
+    store, cfg = SweepStore(tmp_path), LabConfig(tp_size=2)
+    row = make_row(8, source="rehearsal", variant="sp", boundary=cfg.boundary, config_hash=config_hash(cfg))
+    base = {c: row[c] for c in KEY_COLUMNS if c not in ("variant", "boundary", "num_tokens", "config_hash")}
+    seen = set(store.parts())
+    plan = _plan_points(store, {**base, "source": "rehearsal"}, {"sp": cfg}, [8], rank=0)
+    assert plan.pending == {8: ["sp"]}
+    store.append([row])  # another rehearsal sweep of the store measured the point after this one planned
+    progress = _Progress(store, "s", plan.planned, enabled=False, rank=0)
+    claims, claimed = _claim_or_skip(store, plan, 8, ["sp"], seen, progress, rank=0)
+    assert claims == {} and claimed == [] and progress.elsewhere == 1
+
+
 # ------------------------------------------------------------------------------------------------ two ranks
 def test_two_rank_sweep_rows_have_full_provenance_then_resume_after_interruption(tmp_path):
     store_dir = tmp_path / "sweeps"
@@ -314,7 +355,7 @@ def test_fusion_that_did_not_fire_is_flagged_not_reported_as_the_variant(tmp_pat
     assert by[("sp+async_tp", 4)]["fusion_missing"] and by[("sp+async_tp", 32)]["fusion_missing"]
     assert by[("tuned", 32)]["fusion_missing"]
     assert not by[("tuned", 4)]["fusion_missing"]  # gated off on purpose: nothing is missing
-    assert by[("tuned", 32)]["reported_variant"] == "tuned" + MISSING_SUFFIX
+    assert by[("tuned", 32)]["reported_variant"] == "tuned" + FUSION_MISSING_SUFFIX
     assert by[("tuned", 4)]["reported_variant"] == "tuned"
     assert "did not fire" in by[("sp+async_tp", 4)]["note"]
     assert len(result.fusion_missing) == 3

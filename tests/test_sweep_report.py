@@ -31,3 +31,31 @@ def test_tuned_rows_from_a_later_sweep_carry_their_measured_drift(tmp_path):
                         predicted=False).read_text()
     assert "ran <b>0.80x</b> the latency of the variant the config runs" in page
     assert "tuned (later sweep: 0.80x the program it runs)" in page
+
+
+def test_heading_and_summary_are_made_from_every_row_and_say_their_sources(tmp_path):
+    """`python -m sp_lab report` can write rows of several setups and sources: the heading names each setup (not the
+    first row's), the summary says how many rows of which source (not "measured" for predicted or replayed rows),
+    and the figure's title names the rows' provenance."""
+    rows = pl.DataFrame(curve_rows() + curve_rows(model="llama-3-70b", tp=8, device_name="NVIDIA H200",
+                                                  dtype="bfloat16", source="replayed"))
+    page = write_report(rows, tmp_path / "report.html", store=str(tmp_path), predicted=False).read_text()
+    assert ("<h1>sp_lab report: 2 setups (llama-3-70b, tp=8, bfloat16, NVIDIA H200; toy, tp=2, float32, cpu: test)"
+            "</h1>") in page
+    assert "30 rows (15 measured, 15 replayed) from" in page and ", measured 20" not in page
+    one = pl.DataFrame(curve_rows(source="predicted"))
+    page = write_report(one, tmp_path / "one.html", store=str(tmp_path), predicted=False).read_text()
+    assert "<h1>sp_lab report: toy, tp=2, float32, cpu: test</h1>" in page and "15 rows (15 predicted) from" in page
+    assert "device cpu: test · torch 2.13.0" in page and "source: predicted" in page  # the latency figure's title
+
+
+def test_fusion_missing_rows_are_spelled_one_way_in_the_text_and_the_figure(tmp_path):
+    from sp_lab.vocabulary import FUSION_MISSING_SUFFIX
+
+    rows = pl.DataFrame(curve_rows() + [make_row(512, variant="sp+async_tp", config_hash="sp+async_tp",
+                                                 reported_variant="sp+async_tp" + FUSION_MISSING_SUFFIX,
+                                                 fusion_missing=True, fusion_expected=True)])
+    page = write_report(rows, tmp_path / "report.html", store=str(tmp_path), predicted=False).read_text()
+    assert "drawn and listed as '&lt;variant&gt; [fusion missing]'" in page
+    assert '"name":"sp+async_tp [fusion missing]"' in page  # the legend entry of the figure
+    assert "fusion did not fire" not in page

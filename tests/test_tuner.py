@@ -211,3 +211,92 @@ def test_vllms_hopper_rule_is_shown_for_gpu_rows_only_and_regret_reads_in_percen
     gpu = tune("llama-3-70b", tp=8, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=gpu_rows)
     assert "vLLM's own rule on Hopper for this model and tp: SP from" in gpu.regret_html.value
     assert any(str(a.text).startswith("vLLM sp_min_token_num=") for a in gpu.figure.layout.annotations)
+
+
+def test_the_demo_button_says_what_it_shows_and_answers_in_the_status_line(tmp_path):
+    """The button shows the performance model's rows, not a recording, and says so. Clicked for a model the
+    predictor cannot predict (the toy) it used to raise inside the click handler, unseen: the status line says
+    why and what works; for a preset it shows the predicted demo."""
+    tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path)
+    assert tuner.demo_button.description == "Predicted demo (H200)"
+    tuner.demo_button.click()
+    assert "predicted demo failed: ValueError: no predicted demo for 'toy' at tp=2: unknown model preset" in (
+        tuner.status.value)
+    assert "pick one and a tp that divides its heads (e.g. llama-3-70b, tp 8)" in tuner.status.value
+    assert "#b00" in tuner.status.value and not tuner.state.snapshot().height
+    tuner.model.value, tuner.tp.value = "llama-3-70b", 8
+    tuner.demo_button.click()
+    assert tuner.state.source == "predicted" and "predicted by the performance model" in tuner.status.value
+
+
+def test_the_figure_is_labelled_from_its_rows_not_the_setup_controls(rows, tmp_path):
+    """tune("toy") showing 70B rows is titled with the 70B rows' model, tp, device and torch; a single machine's
+    measured rows name their device and torch too."""
+    demo = predicted_rows("llama-3-70b", 8, TOKENS)
+    tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path)
+    assert tuner.figure.layout.title.text.startswith("toy tp=2: forward latency vs tokens (no rows yet)")
+    tuner.replay(demo)
+    title = tuner.figure.layout.title.text
+    assert "model llama-3-70b · tp 8 · device predicted: 8x H200 SXM 141GB · torch n/a (predicted)" in title
+    assert "source: predicted" in title and "toy" not in title
+    tuner.replay(rows)
+    title = tuner.figure.layout.title.text
+    assert "model toy · tp 2 · device cpu: test · torch 2.13.0" in title and "source: measured" in title
+    assert f"<b>rows:</b> {tuner.state.provenance()}" in tuner.regret_html.value  # beside the recommendation
+
+
+def test_recorded_rows_replay_as_replayed_and_a_live_sweep_never_merges_with_them(tmp_path, monkeypatch):
+    """Another machine's store replays as python -m sp_lab replay imports it (timings: "replayed"), not as
+    measurements of this machine; a live sweep afterwards shows its own rows only."""
+    from test_cli import curve_rows
+
+    from sp_lab.bench.store import SweepStore
+
+    elsewhere = tmp_path / "h200_store"
+    SweepStore(elsewhere).append(curve_rows(device_name="NVIDIA H200", torch_version="2.9.0"))
+    tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=str(tmp_path / "mine"), export_dir=tmp_path,
+                 replay=elsewhere)
+    assert tuner.state.source == "replayed" and f"rows recorded in {elsewhere}" in tuner.status.value
+    assert "device NVIDIA H200 · torch 2.9.0" in tuner.figure.layout.title.text
+    assert "source: replayed" in tuner.figure.layout.title.text
+
+    live = [_row(v, t) for v in LATENCY for t in TOKENS]
+
+    def fake_launch_sweep(model, *, on_row, **kwargs):
+        for row in live:
+            on_row(row)
+        return type("Result", (), {"rows": live, "skipped": 0, "store_dir": str(tmp_path / "mine")})()
+
+    import sp_lab.bench.sweep
+
+    monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", fake_launch_sweep)
+    tuner.run_sweep()
+    shown = tuner.state.snapshot()
+    assert shown.height == len(live) and set(shown["device_name"]) == {"cpu: test"}
+    assert tuner.state.source == "measured" and "NVIDIA H200" not in tuner.figure.layout.title.text
+    # measured rows of another setup shown by replay(DataFrame) are not merged either
+    tuner.replay(pl.DataFrame(live).with_columns(device_name=pl.lit("cpu: another box")))
+    tuner.run_sweep()
+    assert set(tuner.state.snapshot()["device_name"]) == {"cpu: test"}
+
+
+def test_a_resumed_sweep_shows_this_machines_stored_rows_only(tmp_path, monkeypatch):
+    """A rerun measures nothing new and shows the store's rows of its setup: those measured on this machine, not
+    another machine's measured rows in a store they share."""
+    import socket
+
+    from test_cli import curve_rows
+
+    import sp_lab.bench.sweep
+    from sp_lab.bench.store import SweepStore
+
+    store = tmp_path / "shared"
+    SweepStore(store).append(curve_rows(hostname=socket.gethostname())
+                             + curve_rows(hostname="another-box", device_name="cpu: another box"))
+    tuner = tune("toy", tp=2, token_counts=[1, 4, 16, 64, 256], variants=["baseline", "sp+async_tp"],
+                 store_dir=str(store), export_dir=tmp_path)
+    monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", lambda model, **kwargs: type(
+        "Result", (), {"rows": [], "skipped": 10, "store_dir": str(store)})())
+    tuner.run_sweep()
+    shown = tuner.state.snapshot()
+    assert shown.height == 10 and set(shown["hostname"]) == {socket.gethostname()}

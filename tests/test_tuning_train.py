@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 import torch
 
-from sp_lab.rules import MatmulRule
+from sp_lab.rules import Leaf, MatmulRule, Split
 from sp_lab.tuning import train as T
 from sp_lab.tuning.microbench import MatmulShape, measure_matmuls, tp_matmul_shapes
 
@@ -95,6 +95,41 @@ def test_bench_script_cpu_smoke_and_refusal(tmp_path):
     by_variant = {v: [r for r in data["rows"] if r["variant"] == v] for v in ("mm", "mm_chunked", "fused_ws1")}
     assert all(r["us"] > 0 for r in by_variant["mm"] + by_variant["mm_chunked"])
     assert all(r["us"] is None and "symmetric memory" in r["error"] for r in by_variant["fused_ws1"])
+
+
+def test_microbench_imports_without_polars():
+    """benchmarks/bench_matmul_h200.py runs on GPU machines without polars: importing sp_lab.tuning.microbench
+    (and so sp_lab.tuning) must not import it."""
+    code = ("import sys, importlib.abc\n"
+            "class NoPolars(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] == 'polars': raise ImportError('no polars here')\n"
+            "sys.meta_path.insert(0, NoPolars())\n"
+            "import sp_lab.tuning.microbench\n"
+            "print('polars' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    import sp_lab.tuning
+
+    assert sp_lab.tuning.regret_table is __import__("sp_lab.tuning.regret").tuning.regret.regret_table
+
+
+def test_one_dtype_width_for_every_spelling():
+    """Rows say "fp8-rowwise" (a sweep's setup), "float8" (a prediction), "float8_e4m3fn" (an FP8 benchmark):
+    all are 1-byte operands, as the compiler sees them; no dtype column means bf16."""
+    from sp_lab.tuning.predict.kernels import dtype_bytes
+
+    assert T.dtype_bytes is dtype_bytes  # one definition, shared by training and predictions
+    spellings = ("fp8-rowwise", "fp8-tensorwise", "float8", "float8_tensorwise", "float8_e4m3fn", "bfloat16",
+                 "float16", "float32", None)
+    assert [dtype_bytes(d) for d in spellings] == [1, 1, 1, 1, 1, 2, 2, 4, 2]
+    with pytest.raises(ValueError, match="unsupported dtype 'int3'"):
+        dtype_bytes("int3")
+    rows = pl.DataFrame({"m": [64, 64], "n": [8, 8], "k": [8, 8], "tp": [2, 2], "fused_us": [1.0, 1.0],
+                         "unfused_us": [2.0, 2.0], "dtype": ["float8", "bfloat16"], "source": ["predicted"] * 2})
+    with pytest.raises(ValueError, match=r"rows mix matmul dtypes \['bfloat16', 'float8'\]"):
+        T.label_rows(rows)
 
 
 # -------------------------------------------------------------------------------------- training
@@ -175,6 +210,10 @@ def test_evaluate_rule_regret_by_hand():
     never = T.evaluate_rule(MatmulRule.always("unsure"), rows)  # unsure -> the default, no_fuse
     assert never.unsure_fraction == 1.0 and never.regret_total_us == pytest.approx(50.0)
     assert never.wrong_fraction == 0.0 and never.accuracy == 0.5
+    # wrong answers over every row, answered or not: unsure at m=1, a wrong "no_fuse" at m=4096 -> 1 of 2 rows
+    half = MatmulRule(Split("m", 2, Leaf("unsure"), Leaf("no_fuse")))
+    report = T.evaluate_rule(half, rows)
+    assert (report.unsure_fraction, report.wrong_fraction) == (0.5, 0.5)
     fuse_default = T.evaluate_rule(MatmulRule.always("unsure"), rows, default="fuse")
     assert fuse_default.regret_total_us == pytest.approx(20.0)
 

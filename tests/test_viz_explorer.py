@@ -376,6 +376,26 @@ def test_compare_gather_vs_sharded(reports):
     assert sum(isinstance(t, go.Bar) for t in fig.data) == 2 * 4
 
 
+def test_every_explorer_figure_says_where_its_report_was_compiled(reports):
+    """Overview, drill-down (every mode) and compare name backend, device and torch; a fake process group's report
+    (the fixtures', notebook 2's) says "fake process group: graphs only": its compile times are one process's."""
+    fake = reports[("llama", "sharded")]
+    line = "fake process group: graphs only · device cpu · torch " + fake.provenance["torch"]
+    assert graph.report_provenance(fake) == line
+    assert graph.plot_overview(fake).layout.title.text.endswith(f"<br><sup>{line}</sup>")
+    for mode in ("after", "before", "diff"):
+        title = graph.plot_piece(fake, 2, mode=mode).layout.title.text
+        assert title.startswith("submod_2 ") and title.endswith(f"<br><sup>{line}</sup>"), mode
+    assert graph.plot_piece(fake, 1, mode="diff").layout.title.text.endswith(f"{line}</sup>")  # "no rewritten regions" too
+    assert graph.plot_compare(reports[("llama", "gather")], fake).layout.title.text.endswith(f"<sup>{line}</sup>")
+    real = fake.to_dict()
+    real["provenance"] = dict(real["provenance"], backend="nccl", device="NVIDIA H200", torch="2.9.0+cu128")
+    assert graph.report_provenance(graph.as_report(real)) == "backend nccl · device NVIDIA H200 · torch 2.9.0+cu128"
+    assert "graphs only" not in graph.plot_overview(real).layout.title.text
+    both = graph.plot_compare(fake, real, labels=("fake", "real")).layout.title.text
+    assert both == f"a: fake <sup>({line})</sup><br>b: real <sup>(backend nccl · device NVIDIA H200 · torch 2.9.0+cu128)</sup>"
+
+
 def test_tables(reports):
     report = reports[("llama", "gather")]
     table = graph.piece_table(report)

@@ -52,12 +52,12 @@ def test_fusion_missing_rows_never_drawn_as_the_variant(sweep):
                                                 fusion_fired=False, fusion_missing=True)])])
     data = latency.latency_data(rows, config=LabConfig(async_tp_min_tokens=128))
     series = _series(data)
-    missing = series["sp+async_tp (fusion did not fire)"]
-    assert missing.hollow and missing.points["num_tokens"].to_list() == [4096]
+    missing = series["sp+async_tp [fusion missing]"]
+    assert missing.hollow and missing.dash == "dot" and missing.points["num_tokens"].to_list() == [4096]
     assert 4096 not in series["sp+async_tp"].points["num_tokens"].to_list()
     assert not data.regret.filter(pl.col("best_us") == 1.0).height  # never "best" either
     fig = latency.build_latency_figure(data)
-    trace = next(t for t in fig.data if t.name == "sp+async_tp (fusion did not fire)")
+    trace = next(t for t in fig.data if t.name == "sp+async_tp [fusion missing]")
     assert trace.marker.symbol == "circle-open"
 
 
@@ -96,7 +96,7 @@ def test_thresholds_and_regret_are_the_regret_table_of_the_config(sweep):
     data = latency.latency_data(sweep, config=config, vllm_min_tokens=1024)
     assert [(t.name, t.num_tokens) for t in data.thresholds] == [("async_tp", 128), ("vllm", 1024)]
     table = regret_table(sweep, config)
-    assert data.regret.drop("group").equals(table)  # the panel is the one regret, not a copy of it
+    assert data.regret.drop("group", "source").equals(table)  # the panel is the one regret, not a copy of it
     ran = dict(zip(table["num_tokens"].to_list(), table["variant_run"].to_list(), strict=True))
     assert ran == {n: ("baseline" if n < 128 else "sp+async_tp") for n in TOKENS}
     by_n = {r["num_tokens"]: r for r in table.iter_rows(named=True)}
@@ -157,29 +157,36 @@ def test_no_config_means_no_regret(sweep):
     assert data.regret.height == 0 and not data.thresholds and data.config_name is None
 
 
-def test_live_widget_updates_in_place(sweep):
-    first = sweep.filter(pl.col("num_tokens") <= 64)
-    config = LabConfig(async_tp_min_tokens=128)
-    view = latency.plot_latency(first, config=config, widget=True)
+def test_widget_is_a_live_figure_of_the_same_figure(sweep):
+    view = latency.plot_latency(sweep, widget=True)
     assert isinstance(view, LiveFigure)
+    assert view.figure["layout"]["title"]["text"] == latency.plot_latency(sweep).layout.title.text
 
-    def synced(name):  # what the browser receives: the figure's JSON, whole
-        return [t for t in view.figure["data"] if t.get("name") == name]
 
-    (sp_trace,) = synced("sp")
-    assert len(sp_trace["x"]) == 3
-    more = pl.concat([sweep, pl.DataFrame([_row(n, "sp", source="simulated") for n in TOKENS])])
-    latency.update_latency_figure(view, more, config=config)
-    (sp_trace,) = synced("sp")
-    assert len(sp_trace["x"]) == len(TOKENS)
-    # the simulated curve is drawn too (no regret: the simulated rows lack the baseline)
-    (simulated,) = synced("sp (simulated)")
-    assert simulated["line"]["dash"] == "dash"
-    # a go.Figure is updated in place: the same trace object gets every point
-    fig = latency.plot_latency(first, config=config)
-    trace = next(t for t in fig.data if t.name == "sp")
-    latency.update_latency_figure(fig, more, config=config)
-    assert len(trace.x) == len(TOKENS) and fig.data[-1].name == "sp (simulated)"
+def test_every_figure_names_device_and_torch_of_its_rows_whatever_its_title(sweep):
+    """A single machine's measured curve used to show neither its device nor its torch: the title's provenance
+    line says both (and model, tp, boundary, dtype, source), under a caller's own title too."""
+    line = "model toy · tp 2 · device cpu · torch 2.13.0+cpu · boundary sharded · dtype float32 · source: measured"
+    assert latency.provenance_line(sweep) == line
+    for title in (None, "my sweep"):
+        text = latency.plot_latency(sweep, title=title).layout.title.text
+        assert text == f"{title or 'Forward latency vs tokens'}<br><sup>{line}</sup>"
+    two = pl.concat([sweep, sweep.with_columns(device_name=pl.lit("NVIDIA H200"), torch_version=pl.lit("2.9.0"))])
+    assert "device: 2 values (see the legend) · torch: 2 values (see the legend)" in latency.provenance_line(two)
+    assert {s.label for s in latency.latency_data(two).series} >= {
+        "sp · device_name=cpu, torch_version=2.13.0+cpu", "sp · device_name=NVIDIA H200, torch_version=2.9.0"}
+    assert latency.provenance_line(pl.DataFrame()) == "no rows yet"
+
+
+def test_modelled_rows_are_dashed_curves_and_regret_lines_alike(sweep):
+    """Predicted (and simulated) rows: dashed curve, dashed regret line; rehearsal dash-dotted; measured solid."""
+    config = LabConfig(async_tp_min_tokens=128)
+    for source, dash in (("predicted", "dash"), ("simulated", "dash"), ("rehearsal", "dashdot"),
+                         ("measured", "solid")):
+        fig = latency.plot_latency(sweep.with_columns(source=pl.lit(source)), config=config)
+        curves = [t for t in fig.data if str(t.meta).startswith("latency:")]
+        (regret,) = [t for t in fig.data if str(t.meta).startswith("regret:")]
+        assert {t.line.dash for t in curves} == {dash} and regret.line.dash == dash, source
 
 
 def test_bad_and_empty_input():

@@ -11,7 +11,16 @@ import json
 import pytest
 
 from sp_lab.config import ConfigError, LabConfig
-from sp_lab.vllm_releases import DEFAULT_RELEASE, installed_release, release, unknown_fields, vllm_export
+from sp_lab.vllm_releases import (
+    DEFAULT_RELEASE,
+    closest_policy,
+    installed_release,
+    release,
+    resolve_release,
+    target_release,
+    unknown_fields,
+    vllm_export,
+)
 
 FROM_256 = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
 EVERYWHERE = LabConfig(tp_size=4, async_tp_min_tokens=1, max_num_tokens=8192)
@@ -150,11 +159,79 @@ def test_release_table_field_lists():
 def test_release_names():
     assert DEFAULT_RELEASE == "0.34.0"  # the newest on the package index when the table was read
     assert release("0.18").version == "0.18.1" and release("0.11").version == "0.11.2"
-    assert release("0.99.0").version == DEFAULT_RELEASE  # newer than the table: the newest known
-    with pytest.raises(KeyError, match=r"unknown vLLM release '0.9'; known: 0.11, 0.12, .*0.34"):
-        release("0.9")
+    assert resolve_release("0.18.1") == (release("0.18.1"), None)  # a table version or a minor: nothing to say
+    supported = r"supported: 0\.11\.0 to 0\.34\.0, by minor 0\.11, 0\.12, .*0\.34"
+    for outside in ("0.9", "0.10.2", "0.99.0", "1.0.0"):  # before the table, or never read (fields may differ)
+        with pytest.raises(KeyError, match=rf"unknown vLLM release '{outside}': the release table has no "
+                                           rf".*{supported}"):
+            release(outside)
+    for garbage in ("0", "latest", "0.x", "18", "0.18.x"):  # "0" used to match every release by prefix (0.34.0)
+        with pytest.raises(KeyError, match=rf"'{garbage}' is not a vLLM version .*{supported}"):
+            release(garbage)
     with pytest.raises(ConfigError, match="unknown vLLM release '0.9'"):
         FROM_256.to_vllm("0.9")
+
+
+@pytest.mark.parametrize(("installed", "read_as", "build"), [
+    ("0.19.0", "0.19.1", False),  # a patch the table lacks: the same minor's release
+    ("0.19.1+cu128", "0.19.1", True),  # a local build of a table release
+    ("0.20.0.dev5+g1a2b3c4", "0.20.2", True),  # a dev build: the minor's only release
+    ("0.18.1.post1", "0.18.1", True),
+    ("0.17.4", "0.17.1", False),  # the newest patch of the minor not above it
+    ("0.11.0rc1", "0.11.0", True),
+    ("0.34.1", "0.34.0", False),
+])
+def test_builds_and_unknown_patches_are_read_as_their_minors_release_and_say_so(installed, read_as, build):
+    rel, note = resolve_release(installed)
+    assert rel.version == read_as
+    assert note == (f"vLLM {installed}{' (a pre-release, dev, post or local build)' if build else ''} is not in the "
+                    f"release table: read as {read_as}, the table's {rel.minor} release")
+    with pytest.warns(UserWarning, match=f"read as {read_as}"):
+        assert release(installed) is rel
+    export = vllm_export(FROM_256, installed)
+    assert export.release is rel and export.notes[0] == note
+
+
+def test_the_target_release_is_the_installed_vllms_resolved_early(monkeypatch):
+    import sp_lab.vllm_releases as V
+
+    monkeypatch.setattr(V, "installed_release", lambda: None)
+    assert target_release() == DEFAULT_RELEASE and target_release("0.18") == "0.18.1"
+    monkeypatch.setattr(V, "installed_release", lambda: "0.19.1+cu128")
+    assert target_release() == "0.19.1" and target_release("0.31") == "0.31.0"  # a named release wins
+    monkeypatch.setattr(V, "installed_release", lambda: "0.10.2")
+    with pytest.raises(KeyError, match=r"the installed vLLM: unknown vLLM release '0.10.2'.*supported: 0\.11\.0 to "
+                                       r"0\.34\.0.*name a release to write for with vllm_release= "
+                                       r"\(CLI: --vllm-release\)"):
+        target_release()
+    assert target_release("0.31.0") == "0.31.0"  # naming one needs no installed vLLM the table knows
+
+
+# rows where SP alone everywhere and SP + AsyncTP everywhere have different regrets: the best is baseline at 16
+# tokens (100) and sp+async_tp at 256 (80); sp everywhere loses 10% at 16 and 12.5% at 256, sp+async_tp 50% at 16
+FALLBACK_ROWS = [{"num_tokens": t, "variant": v, "latency_us": us} for (t, v), us in {
+    (16, "baseline"): 100.0, (16, "sp"): 110.0, (16, "sp+async_tp"): 150.0,
+    (256, "baseline"): 100.0, (256, "sp"): 90.0, (256, "sp+async_tp"): 80.0}.items()]
+
+
+def test_the_always_fallback_and_its_regret_are_the_policy_it_runs():
+    import polars as pl
+
+    from sp_lab.tuning.export import vllm_section
+
+    rows = pl.DataFrame(FALLBACK_ROWS)
+    sp_only = LabConfig(tp_size=4, enable_async_tp=False, async_tp_min_tokens=256, max_num_tokens=8192)
+    section = vllm_section(rows, sp_only, "0.13.0")  # no token gate there: SP from 256 cannot be written
+    always = section["closest"]["always"]
+    assert always["compilation_config"]["pass_config"] == {"enable_sp": True, "fuse_gemm_comms": False}
+    assert closest_policy(sp_only, "always").name == "sp everywhere"
+    assert always["regret"] == {"worst": pytest.approx(0.125), "total": pytest.approx(0.225)}  # sp, not sp+async_tp
+    fused = vllm_section(rows, FROM_256, "0.13.0")["closest"]["always"]
+    assert fused["compilation_config"]["pass_config"] == {"enable_sp": True, "fuse_gemm_comms": True}
+    assert fused["regret"] == {"worst": pytest.approx(0.5), "total": pytest.approx(0.5)}
+    assert section["closest"]["never"]["regret"] == {"worst": pytest.approx(0.25), "total": pytest.approx(0.25)}
+    with pytest.raises(ValueError, match="unknown closest choice 'sometimes'; the choices are 'never' and 'always'"):
+        closest_policy(sp_only, "sometimes")
 
 
 def test_a_file_section_must_follow_from_its_config():

@@ -1,8 +1,10 @@
 """Recorded rows from elsewhere (another machine's store, a parquet or CSV file): one loader for all callers.
 
-:func:`read_recorded` reads them as they are (the tuner shows them so); :func:`import_recorded` adds them
-to a store as ``source="replayed"`` (rows a model computed keep their source, ``"predicted"`` or
-``"simulated"``: a model's numbers are never relabelled as timings, which the tuner would tune on), keeping their ``row_id`` so that importing a file twice adds nothing.
+:func:`read_recorded` reads them as they are; :func:`read_as_replayed` labels timings measured elsewhere
+``source="replayed"`` (rows a model computed keep their source, ``"predicted"`` or ``"simulated"``: a model's
+numbers are never relabelled as timings, which the tuner would tune on), as the tuner shows them;
+:func:`import_recorded` adds those rows to a store, keeping their ``row_id`` so that importing a file twice adds
+nothing.
 """
 
 from __future__ import annotations
@@ -47,18 +49,23 @@ def read_recorded(path: str | Path) -> pl.DataFrame:
     return df
 
 
-def import_recorded(path: str | Path, store: str | Path) -> int:
-    """Append the rows of ``path`` to the store at ``store``, measured rows as replayed ones (other sources keep
-    theirs); returns how many were new."""
-    src = Path(path)
-    df = read_recorded(src)
+def read_as_replayed(path: str | Path) -> pl.DataFrame:
+    """The rows of ``path`` (:func:`read_recorded`), measured ones labelled replayed (other sources keep theirs);
+    rows without full provenance are refused."""
+    df = read_recorded(path)
     missing = sorted(set(ROW_SCHEMA) - set(df.columns) - NULLABLE_COLUMNS - {"schema_version", "row_id"})
     if missing:
-        raise ReplayError(f"{src} lacks columns {missing}; recorded rows must carry full provenance")
+        raise ReplayError(f"{path} lacks columns {missing}; recorded rows must carry full provenance")
     # Only a measurement becomes "replayed" (a timing recorded elsewhere, tunable); a model's rows and rehearsal
     # rows (several ranks on one GPU: not the multi-GPU program's timing) keep their own source.
     measured = pl.col("source") == MEASURED
-    df = df.with_columns(source=pl.when(measured).then(pl.lit(REPLAYED)).otherwise(pl.col("source")))
+    return df.with_columns(source=pl.when(measured).then(pl.lit(REPLAYED)).otherwise(pl.col("source")))
+
+
+def import_recorded(path: str | Path, store: str | Path) -> int:
+    """Append the rows of ``path`` to the store at ``store``, as :func:`read_as_replayed` labels them; returns how
+    many were new."""
+    df = read_as_replayed(path)
     dest = SweepStore(store)
     if "row_id" in df.columns:  # keep the recorded ids: replaying the same file twice adds nothing
         df = df.filter(~pl.col("row_id").is_in(dest.read()["row_id"].implode()))

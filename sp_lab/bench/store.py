@@ -76,7 +76,9 @@ ROW_SCHEMA: dict[str, pl.DataType] = {
     "config_hash": pl.String(),
     "config_json": pl.String(),  # the full LabConfig of the variant, to reproduce the row
     # --- the numbers
-    "latency_us": pl.Float64(),  # max over ranks of the per-rank median (the slowest rank bounds a TP step)
+    # the median over calls of the slowest rank's time for each call (a TP step is as slow as its slowest rank;
+    # sp_lab.bench.interleave)
+    "latency_us": pl.Float64(),
     "p10_us": pl.Float64(),
     "p90_us": pl.Float64(),
     # 95% confidence interval of latency_us (the median), from the interleaved repetitions; null in rows
@@ -275,7 +277,7 @@ class SweepStore:
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(
                 f"sweep store {self.path} is a file; a store is a directory of part files. "
-                "To import a single parquet file use `python -m sp_lab replay --from FILE --store DIR`."
+                "To import a single parquet file use `python -m sp_lab replay FILE --store DIR`."
             )
 
     # ------------------------------------------------------------------ writing
@@ -435,16 +437,19 @@ class SweepStore:
         os.pwrite(fd, holder.encode(), 0)
         return PointClaim(path=path, fd=fd)
 
-    def claim_points(self, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple]) -> dict[str, PointClaim]:
-        """Claims on those of ``keys`` (name -> point key) that no measured row and no live sweep covers.
+    def claim_points(self, keys: Mapping[str, tuple], seen: set[Path], done: set[tuple], *,
+                     source: str = MEASURED) -> dict[str, PointClaim]:
+        """Claims on those of ``keys`` (name -> point key) that no row of ``source`` and no live sweep covers.
 
-        ``done`` (keys with a measured row) is brought up to date from the parts not in ``seen`` *after*
+        ``source``: what the claiming sweep writes (``measured``, or ``rehearsal`` for ranks sharing a GPU): a
+        point counts as done only by a row of that source, as in the sweep's own plan (``done_keys(source=)``).
+        ``done`` (keys with such a row) is brought up to date from the parts not in ``seen`` *after*
         claiming: a sweep appends its row before releasing its claim, so a point claimed here either has
         no row yet or a row this read sees. Both sets are updated in place.
         """
         claims = {name: c for name, k in keys.items() if k not in done and (c := self.claim(k)) is not None}
         new = self.read_new(seen)
-        done.update(new.filter(new["source"] == MEASURED).select(KEY_COLUMNS).iter_rows())
+        done.update(new.filter(new["source"] == source).select(KEY_COLUMNS).iter_rows())
         for name in [name for name in claims if keys[name] in done]:
             claims.pop(name).release()
         return claims

@@ -6,9 +6,10 @@ config as is; :func:`sp_lab.programs.variant_config` derives each from the user'
 :class:`~sp_lab.config.LabConfig` and :func:`sp_lab.programs.expectation` says what its report should show.
 
 :func:`run_sweep` runs *inside every rank* (from :func:`sp_lab.launch`, under ``torchrun``, or in one
-plain process for tp=1). All ranks build and compile the same model and time the same calls; the
-timings are combined across ranks (the slowest rank's median) and rank 0 appends one row per
-(variant, token count) to a :class:`~sp_lab.bench.store.SweepStore` as soon as it is measured.
+plain process for tp=1). All ranks build and compile the same model and time the same calls; each call's
+time is the slowest rank's (the ranks start every call together), a row's latency the median of those calls
+(:mod:`sp_lab.bench.interleave`), and rank 0 appends one row per (variant, token count) to a
+:class:`~sp_lab.bench.store.SweepStore` as soon as it is measured.
 
 A sweep, step by step (:func:`run_sweep`):
 
@@ -35,6 +36,7 @@ import dataclasses
 import datetime as _dt
 import functools
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -50,9 +52,10 @@ import torch.distributed as dist
 
 from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
 from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
+from sp_lab.bench.timing import check_counts
 from sp_lab.distributed.collectives import rehearsal_device
 from sp_lab.programs import REFERENCE_VARIANTS, VARIANTS, expectation, variant_config
-from sp_lab.vocabulary import MEASURED, REHEARSAL
+from sp_lab.vocabulary import FUSION_MISSING_SUFFIX, MEASURED, REHEARSAL
 
 if TYPE_CHECKING:
     from sp_lab.compiler.backend import CompiledModel
@@ -61,10 +64,6 @@ if TYPE_CHECKING:
 
 DEFAULT_VARIANTS = REFERENCE_VARIANTS
 """What a sweep measures unless told otherwise (``tuned`` needs a tuned config to mean anything)."""
-
-MISSING_SUFFIX = " [fusion missing]"
-"""Appended to ``reported_variant`` when the variant's transformation did not run."""
-
 
 # ---------------------------------------------------------------------------------------------- variants
 def config_hash(config: LabConfig) -> str:
@@ -129,13 +128,18 @@ def _device_count(device: torch.device) -> int:
     return len(set(everyone))
 
 
+class SweepArgumentError(ValueError):
+    """A sweep argument refused before anything is built or launched; the message names it and what would work."""
+
+
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    value = getattr(torch, str(dtype), None)
-    if isinstance(value, torch.dtype):
-        return value
-    raise ValueError(f"dtype={dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16', 'float16'")
+    """The model dtype the sweep builds with (the models' own rule, :func:`sp_lab.models.registry.resolve_dtype`)."""
+    from sp_lab.models.registry import resolve_dtype
+
+    try:
+        return resolve_dtype(dtype)
+    except ValueError as error:
+        raise SweepArgumentError(str(error)) from None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -167,10 +171,10 @@ class SweepResult:
 def _check_token_counts(token_counts: Sequence[int]) -> list[int]:
     counts = list(token_counts)
     if not counts:
-        raise ValueError("token_counts is empty; pass e.g. [1, 16, 128, 1024]")
+        raise SweepArgumentError("token_counts is empty; pass e.g. [1, 16, 128, 1024]")
     bad = [t for t in counts if isinstance(t, bool) or not isinstance(t, int) or t < 1]
     if bad:
-        raise ValueError(f"token counts must be positive ints, got {bad}")
+        raise SweepArgumentError(f"token counts must be positive ints, got {bad}")
     return sorted(set(counts))
 
 
@@ -240,8 +244,8 @@ def run_sweep(
         A :class:`SweepResult`: the rows written (rank 0) and how many points were already done.
     """
     rank, world, backend = _world()
-    tokens, max_repeats, config = _checked(tp_size, world, token_counts, variants, repeats, max_repeats, ci_width,
-                                           budget_s, config)
+    tokens, max_repeats, config = _checked(tp_size, world, token_counts, variants, warmup, repeats, max_repeats,
+                                           ci_width, budget_s, config)
     torch_dtype = _resolve_dtype(dtype)
     device = torch.device(device) if device is not None else _default_device(backend)
     sweep_id = broadcast(sweep_id or uuid.uuid4().hex)
@@ -285,22 +289,27 @@ def run_sweep(
 
 
 def _checked(
-    tp_size: int | None, world: int, token_counts: Sequence[int], variants: Sequence[str], repeats: int,
-    max_repeats: int | None, ci_width: float, budget_s: float | None, config: LabConfig | None,
+    tp_size: int | None, world: int, token_counts: Sequence[int], variants: Sequence[str], warmup: int,
+    repeats: int, max_repeats: int | None, ci_width: float, budget_s: float | None, config: LabConfig | None,
 ) -> tuple[list[int], int, LabConfig]:
-    """The arguments refused with what would work, or ``(token counts sorted, max_repeats, config)``."""
+    """The arguments refused (:class:`SweepArgumentError`) with what would work, or ``(token counts sorted,
+    max_repeats, config)``. Run in every rank and, by :func:`launch_sweep`, once before the ranks start."""
     if tp_size is not None and tp_size != world:
-        raise ValueError(
+        raise SweepArgumentError(
             f"tp_size={tp_size} but the process group has world_size={world}: TP spans the whole group. "
             f"Launch with world_size={tp_size} (sp_lab.launch / torchrun --nproc-per-node {tp_size})."
         )
     tokens = _check_token_counts(token_counts)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
-        raise ValueError(f"unknown or no variants {unknown or list(variants)}; choose from {VARIANTS}")
+        raise SweepArgumentError(f"unknown or no variants {unknown or list(variants)}; choose from {VARIANTS}")
+    try:
+        check_counts(warmup, repeats)
+    except ValueError as e:
+        raise SweepArgumentError(str(e)) from None
     max_repeats = 10 * repeats if max_repeats is None else max_repeats
     if max_repeats < repeats or not 0 < ci_width or (budget_s is not None and budget_s <= 0):
-        raise ValueError(
+        raise SweepArgumentError(
             f"need max_repeats >= repeats, ci_width > 0 and budget_s > 0 (or None); got max_repeats="
             f"{max_repeats}, repeats={repeats}, ci_width={ci_width}, budget_s={budget_s}"
         )
@@ -310,7 +319,7 @@ def _checked(
         config = LabConfig(tp_size=world)
     too_many = [t for t in tokens if t > config.max_num_tokens]
     if too_many:
-        raise ValueError(
+        raise SweepArgumentError(
             f"token counts {too_many} exceed config.max_num_tokens={config.max_num_tokens}; "
             "raise LabConfig.max_num_tokens or drop them"
         )
@@ -385,7 +394,8 @@ def _claim_or_skip(store: SweepStore, plan: _Plan, t: int, todo: list[str], seen
     """Rank 0 claims the points at ``t`` (one measurement per point across concurrent sweeps of one store);
     every rank follows. ``(rank 0's claims, the variants claimed)``; those a concurrent sweep took are dropped
     from the plan and the bar."""
-    claims = store.claim_points({v: plan.key(v, t) for v in todo}, seen, plan.done) if rank == 0 else {}
+    claims = (store.claim_points({v: plan.key(v, t) for v in todo}, seen, plan.done, source=plan.base["source"])
+              if rank == 0 else {})
     claimed = broadcast(list(claims) if rank == 0 else None)
     if len(claimed) < len(todo):
         progress.taken_elsewhere(len(todo) - len(claimed))
@@ -503,7 +513,7 @@ def _row(
         **base,
         "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
         "variant": variant,
-        "reported_variant": variant + (MISSING_SUFFIX if missing_parts else ""),
+        "reported_variant": variant + (FUSION_MISSING_SUFFIX if missing_parts else ""),
         "boundary": cfg.boundary,
         "num_tokens": num_tokens,
         "enable_sp": bool(cfg.enable_sp),
@@ -551,20 +561,33 @@ def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel
 
 
 # ---------------------------------------------------------------------------------------------- launching
-def _check_model_for_world(model_name: str, world_size: int, kwargs: Mapping[str, Any]) -> None:
-    """What every rank would refuse, refused once here: a tp_size that is not the world size, an unknown
-    model name, a model whose heads or widths ``world_size`` does not divide."""
-    tp_size = kwargs.get("tp_size")
-    if tp_size is not None and tp_size != world_size:
-        raise ValueError(
-            f"tp_size={tp_size} but world_size={world_size}: TP spans the whole group; "
-            f"pass world_size={tp_size}"
-        )
-    if kwargs.get("build_fn") is None:
-        from sp_lab.models.registry import resolve_config
+def _check_before_launch(model_name: str, world_size: int, token_counts: Sequence[int], variants: Sequence[str],
+                         kwargs: Mapping[str, Any]) -> None:
+    """What every rank would refuse, refused once here by the ranks' own checks (:func:`_checked`,
+    :func:`_resolve_dtype`, the model's sizes), so a bad argument fails before any rank starts (and a rerun
+    is never told to resume a sweep that cannot start)."""
+    params = inspect.signature(run_sweep).parameters
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise TypeError(f"launch_sweep: unknown arguments {unknown}; run_sweep takes {sorted(params)}")
+    args = {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
+    args.update(kwargs)
+    if args["tp_size"] is not None and args["tp_size"] != world_size:  # in the launcher's words: which argument
+        raise SweepArgumentError(f"tp_size={args['tp_size']} but world_size={world_size}: TP spans the whole group; "
+                                 f"pass world_size={args['tp_size']}")
+    _checked(args["tp_size"], world_size, token_counts, variants, args["warmup"], args["repeats"],
+             args["max_repeats"], args["ci_width"], args["budget_s"], args["config"])
+    _resolve_dtype(args["dtype"])
+    if args["build_fn"] is None:
+        from sp_lab.models.registry import UnknownModelError, resolve_config
 
-        overrides = dict(kwargs.get("model_overrides") or {})
-        resolve_config(model_name, num_layers=kwargs.get("num_layers"), **overrides).check_tp_size(world_size)
+        spec = resolve_config(model_name, num_layers=args["num_layers"], **dict(args["model_overrides"] or {}))
+        try:
+            spec.check_tp_size(world_size)
+        except ValueError as e:
+            if isinstance(e, UnknownModelError):
+                raise
+            raise SweepArgumentError(str(e)) from None
 
 
 def launch_sweep(
@@ -593,11 +616,10 @@ def launch_sweep(
     """
     from sp_lab.distributed.launch import launch
 
-    _check_model_for_world(model_name, world_size, kwargs)
+    _check_before_launch(model_name, world_size, token_counts, variants, kwargs)
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
-    _check_token_counts(token_counts)
     # The total is what rank 0 plans to measure (after resume, minus points a concurrent sweep takes),
     # read from the store as it says; unknown until the ranks are up.
     bar = _progress_bar(total=None, enabled=progress)

@@ -9,8 +9,9 @@
   (an op that syncs with the host, a collective backend that cannot be captured), timing falls back to
   events around eager calls and says so in ``Timing.method`` and ``Timing.note``.
 
-A TP step is as slow as its slowest rank, so the latency of a step across ranks is the **maximum of
-the per-rank medians** (:func:`reduce_across_ranks`).
+A TP step is as slow as its slowest rank. A sweep row (:func:`sp_lab.bench.interleave.interleave`) takes,
+for every call, the slowest rank's time, and then the median over calls; :func:`reduce_across_ranks` is
+the coarser form for a whole :class:`Timing` of one rank (the rank with the largest median wins).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def median_ci(samples_us: list[float], level: float = 0.95) -> tuple[float, floa
     return ordered[lo], ordered[hi]
 
 
-def _check_counts(warmup: int, repeats: int) -> None:
+def check_counts(warmup: int, repeats: int) -> None:
+    """Refuse a negative ``warmup`` or fewer than one repeat (the timers here and a sweep's own checks)."""
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
 
@@ -121,7 +123,7 @@ class CallSampler:
         group: dist.ProcessGroup | None = None,
         calls: int = 1,
     ) -> None:
-        _check_counts(warmup, 1)
+        check_counts(warmup, 1)
         if calls < 1:
             raise ValueError(f"calls per sample must be >= 1, got {calls}")
         self._barrier, self._group, self.calls = barrier, group, calls
@@ -220,7 +222,7 @@ def time_cpu(
     ranks' timed regions line up. Returns this rank's :class:`Timing`; combine ranks with
     :func:`reduce_across_ranks`.
     """
-    _check_counts(warmup, repeats)
+    check_counts(warmup, repeats)
     sampler = CallSampler(fn, device="cpu", warmup=warmup, barrier=barrier, group=group, calls=calls)
     return _time_with(sampler, repeats)
 
@@ -243,7 +245,7 @@ def time_cuda(
     is ``calls`` back-to-back eager calls, and ``method`` is ``"cuda_events"`` (with the capture
     error in ``note`` when capture failed). Times are per call.
     """
-    _check_counts(warmup, repeats)
+    check_counts(warmup, repeats)
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device; use time_cpu on CPU (or time_fn to pick)")
     sampler = CallSampler(fn, device=torch.device("cuda", torch.cuda.current_device()), warmup=warmup,
@@ -271,6 +273,9 @@ def time_fn(
 
 def reduce_across_ranks(timing: Timing, group: dist.ProcessGroup | None = None) -> Timing:
     """Combine every rank's :class:`Timing` into the step's: the rank with the largest median wins.
+
+    Sweeps do not use it: :func:`sp_lab.bench.interleave.interleave` takes the slowest rank per call, then the
+    median over calls (a rank slow on different calls than another is not hidden by its own median).
 
     Collective: every rank of ``group`` must call it; every rank gets the same result. Without an
     initialized process group it returns ``timing`` with ``rank_medians_us`` filled.

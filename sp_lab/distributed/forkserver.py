@@ -192,6 +192,8 @@ class _Server:
                     if message[0] == "exited":
                         self._exits[message[1]] = message[2]
                     else:
+                        if message[0] == "started":  # a reused pid: its old status is not this child's
+                            self._exits.pop(message[1], None)
                         self._replies.append(message)
                     self.changed.notify_all()
         except (EOFError, OSError):
@@ -204,22 +206,32 @@ class _Server:
             return self._exits.get(pid)
 
     def fork(self, request: _Request, fds: list[int], timeout: float) -> int:
+        """Ask for one rank; its pid. Raises :class:`TimeoutError` when no reply comes within ``timeout``."""
         with self._request_lock:
             _send(self._sock, dataclasses.asdict(request), fds)
-            deadline = time.monotonic() + timeout
-            with self.changed:
-                while not self._replies:
-                    left = deadline - time.monotonic()
-                    if self.lost or left <= 0:
-                        raise RuntimeError(
-                            "the rank fork server did not answer "
-                            f"({'it exited' if self.lost else f'within {timeout:.0f} s'}); "
-                            "SP_LAB_FORKSERVER=0 starts ranks as fresh interpreters instead")
-                    self.changed.wait(left)
-                reply = self._replies.pop(0)
+            try:
+                reply = self._reply(timeout)
+            except BaseException:
+                # This request's reply may still come, and the next request would take it for its own: the
+                # server is not used again (the next launch starts a new one).
+                self.lost = True
+                raise
         if reply[0] != "started":
             raise RuntimeError(f"the rank fork server could not start a rank: {reply[1]}")
         return reply[1]
+
+    def _reply(self, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not self._replies:
+                left = deadline - time.monotonic()
+                if self.lost:
+                    raise RuntimeError("the rank fork server exited before it answered; "
+                                       "SP_LAB_FORKSERVER=0 starts ranks as fresh interpreters instead")
+                if left <= 0:
+                    raise TimeoutError(f"the rank fork server did not answer within {timeout:.1f} s")
+                self.changed.wait(left)
+            return self._replies.pop(0)
 
     def close(self) -> None:
         """The server exits when it reads EOF; ranks it forked run on to their own end (or their lifeline's).
@@ -276,17 +288,20 @@ def _stop_server() -> None:
         _server.close()
 
 
-def start_rank(argv: list[str], env: dict[str, str], result_fd: int, lifeline_fd: int) -> ForkedRank:
+def start_rank(argv: list[str], env: dict[str, str], result_fd: int, lifeline_fd: int,
+               timeout: float = _START_TIMEOUT_S) -> ForkedRank:
     """Fork a rank that runs ``_spawned_worker_main(argv + [result fd, lifeline fd])`` with ``env``.
 
     ``result_fd`` and ``lifeline_fd`` are the caller's descriptors the rank writes its report to and watches;
-    the caller closes its copy of ``result_fd`` afterwards, as with Popen's ``pass_fds``."""
+    the caller closes its copy of ``result_fd`` afterwards, as with Popen's ``pass_fds``. ``timeout``: seconds to
+    wait for the rank's start (a new server imports torch first), at most ``_START_TIMEOUT_S``; past it
+    :class:`TimeoutError`."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     try:
         request = _Request(argv=list(argv), env=dict(env), sys_path=list(sys.path), cwd=os.getcwd())
         server = _get_server()
-        pid = server.fork(request, [out_write, err_write, result_fd, lifeline_fd], _START_TIMEOUT_S)
+        pid = server.fork(request, [out_write, err_write, result_fd, lifeline_fd], min(timeout, _START_TIMEOUT_S))
     except BaseException:
         for fd in (out_read, err_read):
             os.close(fd)

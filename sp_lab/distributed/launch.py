@@ -51,6 +51,7 @@ import contextlib
 import datetime
 import faulthandler
 import importlib
+import inspect
 import os
 import shutil
 import signal
@@ -105,14 +106,23 @@ _POLL_S = 0.25
 _RENDEZVOUS_ATTEMPTS = 2
 
 
-def _check_launch_args(fn: Any, world_size: Any, timeout: Any) -> None:
+def _check_launch_args(fn: Any, args: tuple, kwargs: dict[str, Any], world_size: Any, timeout: Any) -> None:
     if not callable(fn):
         raise TypeError(f"launch() needs a callable to run on every rank, got {type(fn).__name__} {fn!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int (number of ranks), got {world_size!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable without one: the ranks find out
+        return
+    signature = signature.replace(return_annotation=inspect.Signature.empty)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:  # here, once, rather than from every rank after it started
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(f"launch(): {name}{signature} cannot take the arguments given ({error})") from None
 
 
 def _receive(worker: Worker) -> None:
@@ -124,6 +134,7 @@ def _receive(worker: Worker) -> None:
             worker.process.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             pass
+        worker.stderr.join(timeout=1.0)  # its last lines (a faulthandler stack) before the caller quotes them
         worker.report = ("died", worker.process.poll())
         return
     try:
@@ -160,7 +171,8 @@ def _failure_message(worker: Worker) -> tuple[str, str | None, int | None]:
 def _one_line(worker: Worker) -> str:
     if worker.report[0] == "died":
         return f"rank {worker.rank} {describe_exit(worker.report[1])}"
-    return f"rank {worker.rank} raised {worker.report[1]}: {str(worker.report[2]).splitlines()[0][:200]}"
+    first_line = (str(worker.report[2]).splitlines() or [""])[0]  # a bare ``assert`` has no text
+    return f"rank {worker.rank} raised {worker.report[1]}: {first_line[:200]}"
 
 
 
@@ -190,14 +202,14 @@ def launch(
         the CPU.
 
     Raises:
-        ValueError / TypeError: bad ``world_size``, ``timeout``, ``backend`` or an unpicklable argument,
-            before any process starts.
+        ValueError / TypeError: bad ``world_size``, ``timeout``, ``backend``, arguments ``fn`` cannot take or an
+            unpicklable argument, before any process starts.
         RankError: a rank raised (its traceback is in the message) or died (its exit code or signal).
-        LaunchTimeout: ranks still running at the deadline (their stacks are in the message).
+        LaunchTimeout: ranks still running (their stacks are in the message), or not yet started, at the deadline.
 
     Worker processes are always cleaned up: on success, on error, on timeout and on Ctrl-C.
     """
-    _check_launch_args(fn, world_size, timeout)
+    _check_launch_args(fn, args, kwargs, world_size, timeout)
     check_before_launch(args, kwargs, world_size)
     backend = resolve_backend(backend, world_size)
     deadline = time.monotonic() + timeout
@@ -220,18 +232,26 @@ def _run_ranks(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], worl
     store = dist.TCPStore(
         "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False
     )
-    job = Job(fn, args, kwargs, backend, float(timeout), store.port)
-    payload = serialise_job(job)
-
-    workdir = tempfile.mkdtemp(prefix="sp_lab_launch_")
-    lifeline_read, lifeline_write = os.pipe()
+    workdir: str | None = None
+    lifeline_read = lifeline_write = -1
     workers: list[Worker] = []
-    try:
+    try:  # from here on the store is dropped however this ends (a kept traceback would keep it listening)
+        payload = serialise_job(Job(fn, args, kwargs, backend, float(timeout), store.port))
+        workdir = tempfile.mkdtemp(prefix="sp_lab_launch_")
+        lifeline_read, lifeline_write = os.pipe()
         job_path = os.path.join(workdir, "job.pkl")
         with open(job_path, "wb") as file:
             file.write(payload)
         for rank in range(world_size):
-            workers.append(start_worker(rank, world_size, backend, store.port, job_path, lifeline_read))
+            try:
+                workers.append(start_worker(rank, world_size, backend, store.port, job_path, lifeline_read,
+                                            timeout=max(deadline - time.monotonic(), 0.0)))
+            except TimeoutError as error:
+                raise LaunchTimeout(
+                    f"sp_lab.launch timed out after {timeout:g} s before rank {rank} of {world_size} had started "
+                    f"({error}); the first launch in a process waits for its rank fork server to import torch: "
+                    "pass a larger timeout=", ranks=list(range(rank, world_size)), timeout=timeout, stacks={},
+                ) from None
         os.close(lifeline_read)
         lifeline_read = -1
         _wait_for_reports(workers, deadline, timeout)
@@ -256,7 +276,8 @@ def _run_ranks(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], worl
                 worker.results.close()
                 worker.stdout.join(timeout=2.0)
                 worker.stderr.join(timeout=2.0)
-            shutil.rmtree(workdir, ignore_errors=True)
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
             del store
 
 

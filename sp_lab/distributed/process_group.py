@@ -83,7 +83,13 @@ def resolve_backend(backend: str, world_size: int) -> str:
     if name == "auto":
         if gpus >= world_size and dist.is_nccl_available():
             return "nccl"
-        if gpus:
+        if gpus >= world_size:
+            warnings.warn(
+                f"backend='auto' with {gpus} GPU(s) but this torch has no NCCL: using gloo on the CPU. Install a "
+                "torch built with NCCL to run the ranks on the GPUs.",
+                stacklevel=3,
+            )
+        elif gpus:
             warnings.warn(
                 f"backend='auto' with world_size={world_size} but only {gpus} GPU(s) visible: using gloo "
                 f"on the CPU. Pass world_size<={gpus} to run on the GPUs with NCCL.",

@@ -141,13 +141,15 @@ def _worker_env(rank: int, world_size: int, backend: str, store_port: int) -> di
 
 
 def start_worker(
-    rank: int, world_size: int, backend: str, store_port: int, job_path: str, lifeline_fd: int
+    rank: int, world_size: int, backend: str, store_port: int, job_path: str, lifeline_fd: int, timeout: float
 ) -> Worker:
+    """Start one rank; ``timeout``: seconds its start may take (a fork server may still be importing torch),
+    past which :class:`TimeoutError`."""
     read_fd, write_fd = os.pipe()
     env = _worker_env(rank, world_size, backend, store_port)
     try:
         if forkserver.enabled():
-            process: RankProcess = forkserver.start_rank([job_path], env, write_fd, lifeline_fd)
+            process: RankProcess = forkserver.start_rank([job_path], env, write_fd, lifeline_fd, timeout)
         else:
             process = subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), job_path, str(write_fd), str(lifeline_fd)],

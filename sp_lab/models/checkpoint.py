@@ -203,6 +203,10 @@ class SafetensorsWeights:
             )
         view = self._handle(file).get_slice(piece.name)
         found = tuple(view.get_shape())
+        if found == () and piece.full_shape == (1,):
+            # One value stored as a 0-d scalar: FP8 checkpoints in the wild write a tensorwise weight_scale /
+            # input_scale either way, and both mean the same single value.
+            return self._handle(file).get_tensor(piece.name).reshape(1)
         if found != piece.full_shape:
             raise CheckpointError(
                 f"tensor {piece.name!r} in {file.name} has shape {list(found)}, expected {list(piece.full_shape)} "

@@ -14,9 +14,10 @@ and all-gather the 1-byte values with their scales (half the bytes of bf16), and
 scaled matmul directly, the pair AsyncTP fuses.
 
 Checkpoints: the compressed-tensors "float-quantized" layout public FP8 Llama checkpoints use
-(``weight`` float8_e4m3fn ``[out, in]``, ``weight_scale`` ``[out, 1]`` or a scalar, optional
+(``weight`` float8_e4m3fn ``[out, in]``, ``weight_scale`` ``[out, 1]`` (channel) or one value (tensor), optional
 ``input_scale``; ``quantization_config.quant_method == "compressed-tensors"`` in config.json), read by
-:func:`quant_from_hf`.
+:func:`quant_from_hf`. Checkpoints in the wild store a tensorwise scale either as ``[1]`` or as a 0-d scalar;
+both load (:meth:`~sp_lab.models.checkpoint.SafetensorsWeights.read` reads a 0-d tensor as ``[1]``).
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ def quantize_weight(weight: torch.Tensor, granularity: str) -> tuple[torch.Tenso
 def requantize_parts(weight: torch.Tensor, part_scales: torch.Tensor, part_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensorwise scale for a fused projection (q|k|v) whose parts came with a scale each:
     dequantise each part with its own scale and requantise all with the largest (vLLM does the same)."""
-    rows = torch.repeat_interleave(part_scales.float().reshape(-1), torch.tensor(part_rows, device=weight.device))
+    # output_size: a meta tensor (build(device="meta")) has no values to sum the repeats from.
+    rows = torch.repeat_interleave(part_scales.float().reshape(-1), torch.tensor(part_rows, device=weight.device),
+                                   output_size=sum(part_rows))
     scale = part_scales.float().max()
     dequant = weight.float() * rows[:, None]
     return (dequant / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale

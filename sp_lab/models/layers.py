@@ -206,6 +206,7 @@ class _Linear(nn.Module):
                 for name, n in zip(names, full_rows)
             )
             return [ParamPlan("weight_scale", scales)]
+        # One value per part, [1] here; a checkpoint that stores it as a 0-d scalar reads as [1] too.
         return [
             ParamPlan(param, tuple(TensorSlice(f"{name}.{param}", (1,)) for name in names))
             for param in ("weight_scale", "input_scale")

@@ -29,8 +29,13 @@ from sp_lab.models.llama import DecoderConfig, LlamaForCausalLM
 from sp_lab.models.toy import toy_config
 from sp_lab.resources import PRESET_DIR, load_preset, preset_names
 
-__all__ = ["PRESET_DIR", "UnknownModelError", "available", "build", "resolve_config"]
+__all__ = ["MODEL_DTYPES", "PRESET_DIR", "UnknownModelError", "available", "build", "resolve_config",
+           "resolve_dtype"]
 
+MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float64": torch.float64}
+"""The parameter and activation dtypes a model is built in (``build(dtype=...)``), by name. FP8 is not one of
+them: it is ``quant="fp8"`` on a bf16 model, as vLLM runs it (only the matmuls are FP8)."""
 
 
 class UnknownModelError(ValueError):
@@ -42,8 +47,39 @@ def available() -> list[str]:
     return ["toy", *preset_names()]
 
 
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``build(dtype=...)``'s argument as a torch dtype: one of :data:`MODEL_DTYPES`, as a ``torch.dtype`` or by
+    name (``"bfloat16"``, ``"torch.bfloat16"``). Anything else is refused here, naming the value and the accepted
+    ones, instead of failing inside ``torch.empty`` (a name) or at the first matmul (an integer dtype)."""
+    if isinstance(dtype, torch.dtype) and dtype in MODEL_DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in MODEL_DTYPES:
+        return MODEL_DTYPES[dtype.removeprefix("torch.")]
+    fp8 = " (for FP8 matmuls pass quant='fp8' with dtype='bfloat16')" if "float8" in str(dtype) else ""
+    raise ValueError(f"dtype={dtype!r} is not a model dtype; use one of {list(MODEL_DTYPES)} (a name or the "
+                     f"torch.dtype){fp8}")
+
+
+def _is_preset(name: str) -> bool:
+    return "/" not in name and (name == "toy" or (PRESET_DIR / f"{name}.json").is_file())
+
+
+def _check_quant(name: str, stored: Fp8Scheme | None, wanted: Fp8Scheme | None) -> None:
+    """An FP8 checkpoint is FP8 as stored: another scheme would need the high-precision weights it lacks."""
+    if wanted is not None and stored is not None and wanted != stored:
+        raise ValueError(
+            f"{name} is an FP8 checkpoint ({stored.name}); quant={wanted.name!r} would need its "
+            f"high-precision weights. Leave quant out (or pass quant={stored.name!r})"
+        )
+
+
 def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, **overrides) -> DecoderConfig:
     """The :class:`DecoderConfig` ``build`` would use, without building anything.
+
+    A name is ``"toy"`` or a preset; anything with a ``/`` (``./llama-3-8b``) is a checkpoint directory. A bare
+    name that is both a preset and a checkpoint directory here is refused: which one was meant cannot be told,
+    and taking the preset would give the directory's user random weights without a word. A ``quant``
+    override is resolved as ``build(quant=...)`` resolves it (:func:`~sp_lab.models.fp8.resolve_quant`).
 
     Raises ``ValueError`` for an unknown name or override, naming what would work.
     """
@@ -54,11 +90,18 @@ def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, *
         )
     if num_layers is not None:
         overrides["num_layers"] = num_layers
+    if "quant" in overrides:  # a typo ("fp9") is refused here, not in every rank of a launched sweep
+        overrides["quant"] = resolve_quant(overrides["quant"])
     name = str(name_or_path)
+    if _is_preset(name) and is_checkpoint_dir(name):
+        raise ValueError(
+            f"{name!r} is both a preset and a checkpoint directory here ({Path(name).resolve()}); say which: "
+            f"'./{name}' (or its absolute path) for the checkpoint directory, or rename the directory (or run from "
+            f"another working directory) for the preset"
+        )
     if name == "toy":
         return toy_config(**overrides)
-    preset = PRESET_DIR / f"{name}.json"
-    if "/" not in name and preset.is_file():
+    if _is_preset(name):
         cfg = DecoderConfig.from_hf(load_preset(name), name=name)
     elif is_checkpoint_dir(name):
         cfg = DecoderConfig.from_hf(read_hf_config(name), name=name, source=str(Path(name).resolve()))
@@ -73,6 +116,7 @@ def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, *
             f"unknown model {name!r}; {hint}use one of {available()} or a local Hugging Face checkpoint "
             "directory (config.json + *.safetensors)"
         )
+    _check_quant(name, cfg.quant, overrides.get("quant"))
     return dataclasses.replace(cfg, **overrides)
 
 
@@ -93,7 +137,7 @@ def build(
     tp_rank: int = 0,
     tp_size: int = 1,
     num_layers: int | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device: torch.device | str = "cpu",
     seed: int = 0,
     quant: str | Fp8Scheme | None = None,
@@ -107,7 +151,8 @@ def build(
         tp_rank, tp_size: this rank's place in the TP group. With ``tp_size > 1`` the model must run
             inside an initialised process group of exactly ``tp_size`` ranks (it uses WORLD).
         num_layers: keep only this many decoder layers (the first ones for a checkpoint).
-        dtype: parameter dtype; random weights are drawn in float32 and rounded to it.
+        dtype: parameter dtype, one of :data:`MODEL_DTYPES` (a ``torch.dtype`` or its name, ``"bfloat16"``);
+            random weights are drawn in float32 and rounded to it.
         device: where parameters live. ``"meta"`` builds shapes only, with no initialisation and no
             file reads, for tracing e.g. an 80-layer 70B model under the fake process group.
         seed: random-weight seed; the same seed gives the same full model at every ``tp_size``.
@@ -121,20 +166,17 @@ def build(
     Returns:
         The model in eval mode, with ``model.spec`` (:class:`ModelSpec`), ``model.config`` and ``model.tp``.
     """
+    dtype = resolve_dtype(dtype)
     cfg = resolve_config(name_or_path, num_layers=num_layers, **overrides)
     quant = resolve_quant(quant)
-    if quant is not None and cfg.quant is not None and quant != cfg.quant:
-        raise ValueError(
-            f"{name_or_path} is an FP8 checkpoint ({cfg.quant.name}); quant={quant.name!r} would need its "
-            f"high-precision weights. Leave quant out (or pass quant={cfg.quant.name!r})"
-        )
+    _check_quant(str(name_or_path), cfg.quant, quant)
     tp = TensorParallel(rank=tp_rank, size=tp_size)
     cfg.check_tp_size(tp.size)
     _check_process_group(tp)
     stored = cfg  # what the weights are stored as: FP8 only for an FP8 checkpoint
     model = LlamaForCausalLM(stored, tp=tp, dtype=dtype, device=device)
     if torch.device(device).type != "meta":
-        checkpoint = str(name_or_path) not in available() and is_checkpoint_dir(name_or_path)
+        checkpoint = not _is_preset(str(name_or_path))  # resolve_config refused a name that is both
         load_weights(model, SafetensorsWeights(name_or_path) if checkpoint else RandomWeights(seed))
     _finish_fp8(model, stored.quant, quant)
     return model.eval()

@@ -31,24 +31,28 @@ from sp_lab.config import ConfigError, load_tuned_config
 from sp_lab.jsonfile import read_json
 from sp_lab.programs import Policy
 from sp_lab.tuning.model_sp import model_sp_table
+from sp_lab.tuning.policy import threshold_text
 from sp_lab.tuning.regret import regret_table, summarize
-from sp_lab.vllm_releases import ALWAYS, DEFAULT_RELEASE, installed_release, vllm_export
-from sp_lab.vocabulary import (
-    BASELINE,
-    NEVER,
-    PREDICTED,
-    REHEARSAL,
-    SIMULATED,
-    SP_ASYNC_TP,
-    describe_threshold,
+from sp_lab.vllm_releases import (
+    DEFAULT_RELEASE,
+    closest_policy,
+    installed_table_release,
+    target_release,
+    vllm_export,
 )
+from sp_lab.vocabulary import PREDICTED, REHEARSAL, SIMULATED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
     from sp_lab.tuning.policy import Recommendation
 
-__all__ = ["data_hash", "describe_file", "export_config", "export_tuned_config", "provenance", "threshold_text",
-           "torch_compile_section", "tuned_config_filename", "vllm_section"]
+__all__ = ["ExportError", "data_hash", "describe_file", "export_config", "export_tuned_config", "provenance",
+           "threshold_text", "torch_compile_section", "tuned_config_filename", "vllm_section"]
+
+
+class ExportError(ValueError):
+    """Rows :func:`export_config` will not write a config from as they are (none, or predictions not asked for);
+    the message says what to run instead."""
 
 
 def data_hash(rows: pl.DataFrame) -> str:
@@ -58,11 +62,6 @@ def data_hash(rows: pl.DataFrame) -> str:
     else:
         text = "\n".join(sorted(map(str, rows.select(sorted(rows.columns)).iter_rows())))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def threshold_text(config: LabConfig) -> str:
-    """``async_tp_min_tokens`` as a person reads it: the number, or "never" when SP and AsyncTP are off."""
-    return describe_threshold(config.async_tp_min_tokens if config.enable_sp and config.enable_async_tp else None)
 
 
 def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recommendation | None = None,
@@ -92,10 +91,8 @@ def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recomme
 def vllm_section(rows: pl.DataFrame, config: LabConfig, version: str) -> dict[str, Any]:
     """The file's ``vllm`` section for release ``version``, with each closest choice's regret on ``rows``."""
     section = vllm_export(config, version).to_dict()
-    fallback = {NEVER: None, ALWAYS: 1}
     for name, choice in section.get("closest", {}).items():
-        gated = Policy.gate(BASELINE, SP_ASYNC_TP, fallback[name]).to_config(config)
-        total, worst = summarize(regret_table(rows, gated, warn=False))
+        total, worst = summarize(regret_table(rows, closest_policy(config, name).to_config(config), warn=False))
         choice["regret"] = {"worst": worst, "total": total}
     return section
 
@@ -169,17 +166,22 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
     it (``<file>.min_tokens_per_rank.py``); returns the config file's path.
 
     ``vllm_release``: the release the ``vllm`` section is written for (default: the installed vLLM's version,
-    else the newest known); ``matmul_rows``: per-matmul rows for per-shape model-level gates. Rows the
-    performance model predicted (``source="predicted"``) are refused unless ``allow_predicted``: exporting a
-    config no GPU has confirmed is an explicit choice, and the file then says ``source: predicted``.
+    else the newest known; :func:`sp_lab.vllm_releases.target_release`; one the table cannot place is a
+    :class:`~sp_lab.config.ConfigError` naming the supported range); ``matmul_rows``: per-matmul rows for
+    per-shape model-level gates. Rows the performance model predicted (``source="predicted"``) are refused
+    (:class:`ExportError`) unless ``allow_predicted``: exporting a config no GPU has confirmed is an explicit
+    choice, and the file then says ``source: predicted``.
     """
     if rows.height == 0:
-        raise ValueError("no rows: run a sweep (python -m sp_lab run) or replay recorded rows before exporting")
+        raise ExportError("no rows: run a sweep (python -m sp_lab run) or replay recorded rows before exporting")
     if not allow_predicted and "source" in rows.columns and (rows["source"] == PREDICTED).any():
-        raise ValueError("these rows are predictions (source='predicted'), not measurements; export them only on "
+        raise ExportError("these rows are predictions (source='predicted'), not measurements; export them only on "
                          "purpose: allow_predicted=True (CLI: python -m sp_lab predict --export-predicted DIR)")
+    try:  # before any work: an unknown release (or an installed vLLM the table cannot place) fails first
+        release = target_release(vllm_release)
+    except KeyError as e:
+        raise ConfigError(f"vLLM release: {e.args[0]}") from None
     row = rows.row(0, named=True)
-    release = vllm_release or installed_release() or DEFAULT_RELEASE
     rows_hash = data_hash(rows)
     model_sp = model_sp_table(rows, config, matmul_rows=matmul_rows, data_hash=rows_hash)
     path = export_tuned_config(
@@ -221,6 +223,14 @@ def _cannot_answer(prov: dict[str, Any]) -> str | None:
     return None
 
 
+def _installed_table_release() -> str | None:
+    """The table's release for the installed vLLM, or ``None`` (none installed, or one the table cannot place)."""
+    try:
+        return installed_table_release()
+    except KeyError:
+        return None
+
+
 def describe_file(path: str | Path, *, model: str | None = None) -> str:
     """What a tuned-config file will do, for a person: policy, vLLM, model code, torch.compile, next step.
 
@@ -242,9 +252,8 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
         lines.append(f"  WARNING: tuned on {warning}.")
     vllm = doc.get("vllm", {})
     release = str(vllm.get("release", "?"))
-    installed = installed_release()
-    origin = "installed here" if installed and release == installed else "newest known" if release == DEFAULT_RELEASE \
-        else "chosen"
+    origin = "installed here" if release == _installed_table_release() else "newest known" \
+        if release == DEFAULT_RELEASE else "chosen"
     export = vllm_export(config, release)
     lines.append(f"  vLLM {release} ({origin}): {vllm.get('does', export.does)}")
     closest = vllm.get("closest", {})

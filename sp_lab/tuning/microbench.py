@@ -18,8 +18,9 @@ and produces an ``[M/tp, N]`` shard. Both kernels split the M rows into ``tp`` c
 
 Timing follows docs/measured-h200.md: called eagerly, a symmetric-memory fused op costs 0.2-0.33 ms of
 host time, which swamps the kernel at decode sizes, so CUDA timings replay a CUDA graph of several
-calls and take the median per-call time (``sp_lab.bench.timing``). This module imports only torch at the top so that
-``benchmarks/bench_matmul_h200.py`` runs on machines without polars; DataFrames are built lazily.
+calls and take the median per-call time (``sp_lab.bench.timing``). Nothing imported at the top here (nor in
+``sp_lab.tuning``'s ``__init__``, which importing this runs) needs polars, so that ``benchmarks/bench_matmul_h200.py``
+runs on machines without it (tests/test_tuning_train.py checks); DataFrames are built lazily.
 """
 
 from __future__ import annotations
@@ -281,11 +282,6 @@ def measure_matmuls(
         source=pl.lit(MEASURED),
         **{k: pl.lit(v) for k, v in prov.items()},
     )
-
-
-def arithmetic_intensity(m: float, n: float, k: float, dtype_bytes: int = 2) -> float:
-    """FLOP per byte of ``[m,k] @ [k,n]`` reading both inputs and writing the output once."""
-    return 2.0 * m * n * k / (dtype_bytes * (m * k + k * n + m * n))
 
 
 def tflops(m: int, n: int, k: int, us: float) -> float:

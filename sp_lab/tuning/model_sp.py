@@ -1,18 +1,21 @@
 """Model-level SP thresholds: tokens per rank from which fusing a matmul with its collective pays.
 
-For code that does SP itself instead of a compiler pass: vLLM 0.32 on (whose models call
-``is_sequence_parallel_active(enabled, num_tokens, min_tokens)`` and fuse all-gather + matmul from a
-hard-coded 1024 rows per rank in ``vllm/models/common/ops/sequence_parallel.py``), SGLang, TensorRT-LLM or a
-model author's own layers. Per matmul shape ``(K, N, dtype)`` at the tp measured:
+For code that does SP itself instead of a compiler pass: vLLM from 0.32, where the SP compile pass is gone and
+SP lives in model code (``vllm/models/common/ops/sequence_parallel.py``; what each release has there is in the
+release table, :attr:`sp_lab.vllm_releases.VllmRelease.model_sp`: 0.32 has the all-gather / reduce-scatter
+helpers only, 0.33 adds ``is_sequence_parallel_active(is_enabled, num_tokens)``, 0.34 gives it a ``min_tokens``
+argument and fuses all-gather + matmul from a hard-coded 1024 rows per rank), SGLang, TensorRT-LLM or a model
+author's own layers. Per matmul shape ``(K, N, dtype)`` at the tp measured:
 
 - ``min_tokens_per_rank``: the shard rows (tokens / tp) from which the fused all-gather + matmul (``ag``) or
   matmul + reduce-scatter (``rs``) was faster than collective + matmul at every larger measured count, from
   per-matmul rows (:func:`sp_lab.tuning.microbench.measure_matmuls`); ``None`` where it never paid;
 - else, where the tuned config carries a per-matmul rule (``LabConfig.heuristic``), the shard rows from which
-  the rule says "fuse" at every larger power-of-two token count up to ``max_num_tokens``, and not below the
-  layer's SP gate (fusion only happens where SP runs);
-- else the layer sweep's threshold (SP + AsyncTP from ``T`` tokens) per rank, ``ceil(T / tp)``, for every matmul
-  of the model (``basis: "layer sweep"``);
+  the rule says "fuse" (for the rows' dtype) at every larger power-of-two token count up to
+  ``max_num_tokens``, and not below the config's AsyncTP gate (fusion only happens where AsyncTP runs);
+- else the layer sweep's AsyncTP threshold (fused from ``async_tp_min_tokens = T`` tokens) per rank,
+  ``ceil(T / tp)``, for every matmul of the model (``basis: "layer sweep"``); ``None`` where the config never
+  fuses (SP off, or SP without AsyncTP);
 - ``sp_min_tokens_per_rank``: from which SP pays per layer (the tuned config's SP threshold per rank).
 
 :meth:`ModelSpTable.function_source` writes it as a dependency-free Python function
@@ -24,16 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from sp_lab.tuning.policy import fusion_threshold
+from sp_lab.tuning.predict.kernels import dtype_bytes
 from sp_lab.tuning.regret import regret_table, summarize
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
 
-__all__ = ["MatmulThreshold", "ModelSpTable", "crossover_per_rank", "model_sp_table"]
+__all__ = ["MatmulThreshold", "ModelSpTable", "crossover_per_rank", "lasting_crossover", "model_sp_table"]
 
 PER_MATMUL = "per-matmul rows"
 RULE = "per-matmul rule"
@@ -54,7 +60,8 @@ class MatmulThreshold:
     tp: int
     min_tokens_per_rank: int | None
     basis: str
-    """:data:`PER_MATMUL` or :data:`LAYER_SWEEP`."""
+    """Where the gate comes from: :data:`PER_MATMUL` (per-matmul rows), :data:`RULE` (the config's per-matmul rule)
+    or :data:`LAYER_SWEEP` (the layer sweep's AsyncTP threshold)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +127,16 @@ SP_MIN_TOKENS_PER_RANK = {self.sp_min_tokens_per_rank!r}
 '''
 
 
+def lasting_crossover(points: Iterable[tuple[int, bool]]) -> int | None:
+    """The smallest count of ``(count, wins)`` points from which ``wins`` holds at every larger count (``None``:
+    it loses at the largest). A win below a later loss is noise, not a start. The one crossover scan: per-matmul
+    gates here and the performance model's crossovers (:func:`sp_lab.tuning.predict.crossover.crossover_tokens`)."""
+    start = None
+    for count, wins in sorted(points, key=lambda p: p[0]):
+        start = (count if start is None else start) if wins else None
+    return start
+
+
 def crossover_per_rank(rows: pl.DataFrame) -> int | None:
     """Shard rows from which the fused form was faster at every larger measured count (one shape's rows).
 
@@ -128,14 +145,8 @@ def crossover_per_rank(rows: pl.DataFrame) -> int | None:
     """
     rows = rows.filter(pl.col("fused_us").is_not_null() & pl.col("unfused_us").is_not_null())
     m_col = "m_padded" if "m_padded" in rows.columns else "m"
-    ordered = rows.with_columns(per_rank=(pl.col(m_col) / pl.col("tp")).ceil().cast(pl.Int64)).sort("per_rank")
-    start = None
-    for per_rank, fused, unfused in ordered.select("per_rank", "fused_us", "unfused_us").iter_rows():
-        if fused < unfused:
-            start = per_rank if start is None else start
-        else:
-            start = None
-    return start
+    wins = rows.select((pl.col(m_col) / pl.col("tp")).ceil().cast(pl.Int64), pl.col("fused_us") < pl.col("unfused_us"))
+    return lasting_crossover(wins.iter_rows())
 
 
 def _per_matmul(matmul_rows: pl.DataFrame) -> tuple[list[MatmulThreshold], float]:
@@ -154,16 +165,16 @@ def _per_matmul(matmul_rows: pl.DataFrame) -> tuple[list[MatmulThreshold], float
     return gates, (chosen - oracle) / oracle if oracle else 0.0
 
 
-def _rule_gate(config: LabConfig, shape: Any, tp: int, sp_per_rank: int) -> int | None:
-    """Shard rows from which ``config.heuristic`` fuses ``shape`` at every larger power-of-two token count."""
-    start = None
+def _rule_gate(config: LabConfig, shape: Any, tp: int, fuse_per_rank: int, width: int) -> int | None:
+    """Shard rows from which ``config.heuristic`` fuses ``shape`` (``width``-byte operands) at every larger
+    power-of-two token count, not below ``fuse_per_rank`` (where AsyncTP starts)."""
     counts = [2**i for i in range(config.max_num_tokens.bit_length()) if 2**i <= config.max_num_tokens]
+    fuses = []
     for m in counts:
-        choice = config.heuristic.decide(m, shape.n, shape.k, tp)
-        fuse = (config.heuristic_default if choice == "unsure" else choice) == "fuse"
-        per_rank = math.ceil(m / tp)
-        start = (per_rank if start is None else start) if fuse else None
-    return None if start is None else max(start, sp_per_rank)
+        choice = config.heuristic.decide(m, shape.n, shape.k, tp, dtype_bytes=width)
+        fuses.append((math.ceil(m / tp), (config.heuristic_default if choice == "unsure" else choice) == "fuse"))
+    start = lasting_crossover(fuses)
+    return None if start is None else max(start, fuse_per_rank)
 
 
 def _model_shapes(model: str, tp: int) -> list[Any]:
@@ -189,6 +200,9 @@ def model_sp_table(rows: pl.DataFrame, config: LabConfig, *, matmul_rows: pl.Dat
     row = rows.row(0, named=True)
     tp = int(row["tp"])
     sp_per_rank = math.ceil(config.sp_start / tp) if config.enable_sp and tp > 1 else None
+    # a matmul fuses only where AsyncTP runs: from async_tp_min_tokens (which may lie above where SP starts)
+    fuse_per_rank = fusion_threshold(config) if tp > 1 else None
+    fuse_per_rank = None if fuse_per_rank is None else math.ceil(fuse_per_rank / tp)
     # the layer gate's regret: the config's ranges with every matmul fused (a per-matmul rule's own program is
     # timed only by rows of the tuned config, which a layer sweep may not have)
     total, worst = summarize(regret_table(rows, dataclasses.replace(config, heuristic=None), warn=False))
@@ -204,9 +218,10 @@ def model_sp_table(rows: pl.DataFrame, config: LabConfig, *, matmul_rows: pl.Dat
                                "source": first.get("source"), "rows": matmul_rows.height}
     else:
         dtype, shapes = str(row.get("dtype")), _model_shapes(str(row["model"]), tp)
-        if config.heuristic is not None and sp_per_rank is not None and config.enable_async_tp:
-            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, _rule_gate(config, s, tp, sp_per_rank), RULE)
-                     for s in shapes]
+        if config.heuristic is not None and fuse_per_rank is not None:
+            width = dtype_bytes(row.get("dtype"))  # an FP8 matmul is judged as FP8, not as its bf16 twin
+            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp,
+                                     _rule_gate(config, s, tp, fuse_per_rank, width), RULE) for s in shapes]
         else:
-            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, sp_per_rank, LAYER_SWEEP) for s in shapes]
+            gates = [MatmulThreshold(s.name, s.side, s.k, s.n, dtype, tp, fuse_per_rank, LAYER_SWEEP) for s in shapes]
     return ModelSpTable(tuple(gates), sp_per_rank, prov, regret)

@@ -33,10 +33,21 @@ import polars as pl
 
 from sp_lab.programs import REFERENCE_VARIANTS, Policy
 from sp_lab.tuning.regret import as_frame, best_per_token, complete_tokens, medians, regret_table, summarize
-from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP
+from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP, describe_threshold
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
+
+
+def fusion_threshold(config: LabConfig) -> int | None:
+    """The token count from which ``config`` fuses (its ``async_tp_min_tokens``), or ``None`` where it never does
+    (SP off, or SP without AsyncTP). What ``tune``, ``tune --json`` and an exported file all report."""
+    return config.async_tp_min_tokens if config.enable_sp and config.enable_async_tp else None
+
+
+def threshold_text(config: LabConfig) -> str:
+    """:func:`fusion_threshold` as a person reads it: the number, or "never"."""
+    return describe_threshold(fusion_threshold(config))
 
 
 def candidate_policies(tokens: Sequence[int], variants: Sequence[str], *,
@@ -139,7 +150,9 @@ class Recommendation:
         """JSON form for an exported file's provenance and ``tune --json``."""
         return {
             "policy": self.policy.to_dict(),
-            "async_tp_min_tokens": NEVER if self.threshold is None else self.threshold,
+            # where the config fuses, not where the policy first switches ("sp+async_tp everywhere" fuses from 1;
+            # "baseline below 64, sp from 64" never fuses)
+            "async_tp_min_tokens": NEVER if (fuse_from := fusion_threshold(self.config)) is None else fuse_from,
             "worst_regret": self.worst_regret, "worst_regret_95": list(self.worst_interval),
             "total_regret": self.total_regret, "total_regret_95": list(self.total_interval),
             "not_distinguishable": [p.name for p in self.indistinguishable if p != self.policy],

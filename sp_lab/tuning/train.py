@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
-import torch
 from sklearn.model_selection import GroupShuffleSplit
 from sklearn.tree import DecisionTreeClassifier
 
 from sp_lab.rules import FEATURES, Leaf, MatmulRule, Split, features
+from sp_lab.tuning.predict.kernels import dtype_bytes
 from sp_lab.tuning.regret import one_source
 
 #: Features the tree may split on: every feature of :data:`sp_lab.rules.FEATURES` -- M, N, K, M*N, M*K,
@@ -45,22 +45,8 @@ LABELS = ("fuse", "no_fuse")
 REQUIRED_COLUMNS = ("m", "n", "k", "tp", "unfused_us", "fused_us")
 
 
-def dtype_bytes(dtype: str | None) -> int:
-    """Bytes of one matmul operand element for a row's ``dtype`` label: ``"bfloat16"`` 2, ``"float8_e4m3fn"``
-    and an FP8 scheme (``"fp8-rowwise"``) 1; rows without a dtype are bf16 (the microbenchmarks' default)."""
-    if dtype is None:
-        return 2
-    if dtype.startswith("fp8"):
-        return 1
-    value = getattr(torch, dtype, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(  # noqa: TRY004  (a bad value in the rows, not a wrong type of argument)
-            f"row dtype {dtype!r} is neither a torch dtype name nor an FP8 scheme ('fp8-rowwise')")
-    return value.itemsize
-
-
 def _row_widths(rows: pl.DataFrame) -> list[int]:
-    """:func:`dtype_bytes` of every row."""
+    """:func:`~sp_lab.tuning.predict.kernels.dtype_bytes` of every row (2, bf16, without a dtype column)."""
     return [dtype_bytes(d) for d in rows["dtype"].to_list()] if "dtype" in rows.columns else [2] * rows.height
 
 
@@ -197,7 +183,8 @@ class RuleReport:
     unsure_fraction: float
     """Fraction of rows the rule answered "unsure"."""
     wrong_fraction: float
-    """Fraction of rows with a definite answer ("fuse"/"no_fuse") that disagrees with the label."""
+    """Fraction of all rows whose definite answer ("fuse"/"no_fuse") disagrees with the label: divided by every
+    row, answered or not, like the validation table's ``wrong_fraction`` (an "unsure" is never wrong)."""
     baselines: dict[str, float]
     """Relative regret of constant rules on the same rows: ``{"always_fuse": .., "never_fuse": ..}``."""
     per_shape: pl.DataFrame = field(repr=False)

@@ -14,7 +14,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from sp_lab.compiler.report import COLLECTIVE_KEYS, FUSED_KEYS, SP_MATCH_KEYS, CompileReport
-from sp_lab.viz.report_input import as_report, range_label, resolve_range
+from sp_lab.viz.report_input import as_report, range_label, report_provenance, resolve_range
 
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
@@ -60,7 +60,8 @@ def compare_data(report_a: ReportSource, report_b: ReportSource, *, range_a: int
     """Two reports (or two ranges of one) side by side, one row per metric.
 
     Columns: ``metric``, ``unit``, ``a``, ``b``, ``ratio`` (b / a, null where a is 0). The labels
-    used for plotting are stored as the ``label_a`` / ``label_b`` columns (constant per frame).
+    used for plotting are stored as the ``label_a`` / ``label_b`` columns, where each report was compiled
+    (:func:`~sp_lab.viz.report_input.report_provenance`) as ``provenance_a`` / ``provenance_b`` (constant per frame).
     Metrics: bytes crossing boundaries per token (total and per layer), collectives and fused ops
     per layer by kind, fused ops, SP rewrites, compile time, cache hits, failures, erased copies.
     """
@@ -77,7 +78,8 @@ def compare_data(report_a: ReportSource, report_b: ReportSource, *, range_a: int
         "a": [ma[m] for m in metrics], "b": [mb[m] for m in metrics],
     }).with_columns(
         ratio=pl.when(pl.col("a") != 0).then(pl.col("b") / pl.col("a")).otherwise(None),
-        label_a=pl.lit(la), label_b=pl.lit(lb))
+        label_a=pl.lit(la), label_b=pl.lit(lb), provenance_a=pl.lit(report_provenance(ra)),
+        provenance_b=pl.lit(report_provenance(rb)))
 
 
 _COMPARE_PANELS = (
@@ -91,6 +93,10 @@ _COMPARE_PANELS = (
 def build_compare_figure(frame: pl.DataFrame) -> go.Figure:
     """Grouped bars, one panel per unit family (bytes, per-layer counts, counts, compile)."""
     la, lb = frame["label_a"][0], frame["label_b"][0]
+    pa, pb = frame["provenance_a"][0], frame["provenance_b"][0]
+    # Where each was compiled (a fake process group's compile times are one process's): once if they agree.
+    title = (f"a: {la}<br>b: {lb}<br><sup>{pa}</sup>" if pa == pb
+             else f"a: {la} <sup>({pa})</sup><br>b: {lb} <sup>({pb})</sup>")
     values = {r["metric"]: r for r in frame.iter_rows(named=True)}
     fig = make_subplots(rows=1, cols=len(_COMPARE_PANELS), subplot_titles=[t for t, _ in _COMPARE_PANELS],
                         horizontal_spacing=0.06)
@@ -105,7 +111,7 @@ def build_compare_figure(frame: pl.DataFrame) -> go.Figure:
     fig.update_xaxes(tickangle=-30, automargin=True)
     fig.update_yaxes(automargin=True)
     fig.update_layout(barmode="group", height=520, autosize=True,
-                      title={"text": f"a: {la}<br>b: {lb}", "font": {"size": 13}},
+                      title={"text": title, "font": {"size": 13}},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.12, "x": 1, "xanchor": "right"},
-                      margin={"l": 40, "r": 20, "t": 120, "b": 40})
+                      margin={"l": 40, "r": 20, "t": 135, "b": 40})
     return fig

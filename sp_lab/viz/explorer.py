@@ -46,7 +46,7 @@ from sp_lab.viz.overview_figure import build_overview_figure
 from sp_lab.viz.piece_diff import DiffRegion, PieceDiffData, piece_diff_data
 from sp_lab.viz.piece_figure import build_piece_figure
 from sp_lab.viz.piece_graph import GraphNode, PieceGraph, collapse
-from sp_lab.viz.report_input import as_report, load_report, range_label
+from sp_lab.viz.report_input import as_report, load_report, range_label, report_provenance
 from sp_lab.viz.tables import piece_table, range_table, show_whole_tables
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
 
@@ -60,6 +60,7 @@ __all__ = [
     "crossing_text",
     "dot_layout", "emit_trace", "format_shape", "load_report", "ops_summary", "overview_data", "piece_diff_data",
     "piece_table", "plot_compare", "plot_overview", "plot_piece", "range_label", "range_table", "range_title",
+    "report_provenance",
     "save_html", "show_whole_tables", "tensor_links",
 ]
 

@@ -2,8 +2,9 @@
 
 Layered as the rest of ``sp_lab.viz``: :func:`latency_data` turns sweep rows (a polars DataFrame,
 columns in :data:`SWEEP_COLUMNS`) into plain series, threshold markers and a regret table;
-:func:`build_latency_figure` draws them; :func:`plot_latency` is the thin public entry point and
-:func:`update_latency_figure` refreshes a live ``FigureWidget`` as new rows are measured.
+:func:`build_latency_figure` draws them; :func:`plot_latency` is the thin public entry point. A live view
+(the tuner) draws a fresh figure per arriving row into a :class:`~sp_lab.viz.live_figure.LiveFigure`, which
+says why sp_lab does not patch a ``FigureWidget`` in place.
 
 The regret panel and the black "config" curve are :func:`sp_lab.tuning.regret.regret_table` of the
 config given (what it runs at each token count against the best variant there): the same numbers the
@@ -15,10 +16,14 @@ Drawing rules (they exist because each one hid a wrong conclusion before):
   simulated rows, get no bar rather than a different kind of bar);
 - the token axis is labelled at the measured token counts, the regret axis is a percentage from 0 that
   stays readable when the regret is 0 everywhere;
-- a row whose fusion did not fire (``fusion_missing``) is drawn as its own hollow-marker series
-  "<variant> (fusion did not fire)" and never as the variant it claims to be;
-- predicted rows (the performance model) and simulated ones (the retired what-if model, in old stores) are
-  dashed and labelled with their source, rehearsal rows dotted and labelled "rehearsal";
+- a row whose fusion did not fire (``fusion_missing``) is drawn as its own hollow-marker, dotted series
+  "<variant> [fusion missing]" (:data:`FUSION_MISSING_SUFFIX`, the store's ``reported_variant`` spelling) and
+  never as the variant it claims to be;
+- rows a model computed (:data:`~sp_lab.vocabulary.MODELLED_SOURCES`: the performance model's predicted rows,
+  and simulated ones of the retired what-if model in old stores) are dashed and labelled with their source,
+  their regret line too; rehearsal rows are dash-dotted and labelled "rehearsal";
+- every figure says under its title, whatever the title, where its rows come from: model, tp, device, torch,
+  boundary, dtype and source (:func:`provenance_line`), so a single machine's curve still names the machine;
 - replayed rows carry their provenance (device, tp, torch) in the label;
 - provenance fields that differ between rows (model, device, tp, torch, boundary, dtype) are
   appended to every label so two machines' curves never share a legend entry.
@@ -39,8 +44,10 @@ from sp_lab.programs import VARIANTS
 from sp_lab.tuning.regret import REGRET_COLUMNS, regret_table
 from sp_lab.vocabulary import (
     BASELINE,
+    FUSION_MISSING_SUFFIX,
     LEGEND_COLUMNS,
     MEASURED,
+    MODELLED_SOURCES,
     PREDICTED,
     REHEARSAL,
     SIMULATED,
@@ -51,7 +58,6 @@ from sp_lab.vocabulary import (
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
-    from sp_lab.viz.live_figure import LiveFigure
 
 SWEEP_COLUMNS = ("num_tokens", "variant", "latency_us", "p10_us", "p90_us", "fusion_fired", "fusion_missing",
                  "source", "device_name", "tp", "model", "torch_version", "boundary", "dtype")
@@ -59,7 +65,11 @@ SWEEP_COLUMNS = ("num_tokens", "variant", "latency_us", "p10_us", "p90_us", "fus
 VARIANT_COLORS = {BASELINE: "#7f7f7f", SP: "#1f77b4", SP_ASYNC_TP: "#ff7f0e", TUNED: "#2ca02c"}
 _EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 _OWN_SOURCES = (MEASURED, PREDICTED, SIMULATED, REHEARSAL)  # rows made here; any other source is replayed
-_DASH = {PREDICTED: "dash", SIMULATED: "dash", REHEARSAL: "dashdot"}
+# Line style per source: every source a model computed is dashed (curves and regret lines alike), rehearsal rows
+# (ranks sharing one GPU) dash-dotted; "dot" is left for rows whose fusion did not fire.
+_DASH = {**dict.fromkeys(MODELLED_SOURCES, "dash"), REHEARSAL: "dashdot"}
+_PROVENANCE_NAMES = {"model": "model", "tp": "tp", "device_name": "device", "torch_version": "torch",
+                     "boundary": "boundary", "dtype": "dtype"}
 _GROUP_COLUMNS = ("source", *LEGEND_COLUMNS)
 CONFIG_META = "gated"
 """``meta`` of the trace drawing what the config runs at each token count (tests and the tuner find it)."""
@@ -70,17 +80,17 @@ class LatencySeries:
     """One legend entry: a variant from one provenance, as points sorted by token count."""
 
     label: str
-    """Legend text, e.g. "sp+async_tp (fusion did not fire)" or "sp (simulated)"."""
+    """Legend text, e.g. "sp+async_tp [fusion missing]" or "sp (predicted)"."""
     variant: str
     """Variant the rows were recorded as (baseline, sp, sp+async_tp, tuned, ...)."""
     color: str
     """Line / marker colour (per variant)."""
     dash: str
-    """"solid", "dash" (simulated), "dashdot" (rehearsal) or "dot" (fusion did not fire)."""
+    """"solid", "dash" (predicted or simulated), "dashdot" (rehearsal) or "dot" (fusion missing)."""
     hollow: bool
     """Hollow markers: the fusion this variant depends on did not fire."""
     source: str
-    """Row source (measured, simulated, rehearsal, replayed)."""
+    """Row source (measured, predicted, simulated, rehearsal, replayed)."""
     provenance: Mapping
     """model, device_name, tp, torch_version, boundary, dtype of these rows."""
     points: pl.DataFrame
@@ -110,14 +120,17 @@ class LatencyData:
     thresholds: tuple[Threshold, ...]
     """Vertical markers."""
     regret: pl.DataFrame
-    """``group`` (legend suffix of a provenance group) + :data:`~sp_lab.tuning.regret.REGRET_COLUMNS`:
-    :func:`~sp_lab.tuning.regret.regret_table` of the config per group (empty without a config)."""
+    """``group`` (legend suffix of a provenance group), ``source`` (of its rows) +
+    :data:`~sp_lab.tuning.regret.REGRET_COLUMNS`: :func:`~sp_lab.tuning.regret.regret_table` of the config per
+    group (empty without a config)."""
     config_name: str | None
     """The config's policy in words ("baseline below 64, sp+async_tp from 64"), ``None`` without one."""
     error_bars: str
     """What the error bars are: :data:`ERROR_BARS`, saying so when the rows carry no interval."""
     sources: tuple[str, ...]
-    """Sources of the rows drawn (measured / simulated / rehearsal / replayed)."""
+    """Sources of the rows drawn (measured / predicted / simulated / rehearsal / replayed)."""
+    provenance: str
+    """:func:`provenance_line` of the rows: drawn under every title."""
 
 
 def _validate(rows: pl.DataFrame | Sequence[Mapping]) -> pl.DataFrame:
@@ -136,6 +149,24 @@ def _validate(rows: pl.DataFrame | Sequence[Mapping]) -> pl.DataFrame:
             frame = frame.with_columns(pl.lit(None, dtype=pl.Float64).alias(c))
     return frame.with_columns(pl.col("fusion_missing").fill_null(False).cast(pl.Boolean),
                               pl.col("source").fill_null(MEASURED).cast(pl.String))
+
+
+def provenance_line(rows: pl.DataFrame | Sequence[Mapping]) -> str:
+    """Where the rows come from, in one line: model, tp, device, torch, boundary, dtype and source.
+
+    A field the rows agree on is given ("device cpu: Xeon"), one they differ on is said to vary (each curve's
+    legend entry then carries it). What every latency figure shows under its title, and the tuner beside its
+    recommendation, so a number is never shown without its provenance.
+    """
+    frame = _validate(rows)
+    if not frame.height:
+        return "no rows yet"
+    parts = []
+    for column, name in _PROVENANCE_NAMES.items():
+        values = sorted({str(v) for v in frame[column].to_list()})
+        parts.append(f"{name} {values[0]}" if len(values) == 1 else f"{name}: {len(values)} values (see the legend)")
+    parts.append(f"source: {', '.join(sorted(set(frame['source'].to_list())))}")
+    return " · ".join(parts)
 
 
 def _is_replayed(source: str) -> bool:
@@ -208,7 +239,7 @@ def latency_data(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
                                   for c in ("variant", "fusion_missing", *_GROUP_COLUMNS)])
         prov = {c: k[c] for c in LEGEND_COLUMNS}
         series.append(LatencySeries(
-            label=(f"{k['variant']} (fusion did not fire)" if k["fusion_missing"] else k["variant"])
+            label=k["variant"] + (FUSION_MISSING_SUFFIX if k["fusion_missing"] else "")
             + _provenance_suffix(k["source"], prov, varying),
             variant=k["variant"], color=colors[k["variant"]],
             dash="dot" if k["fusion_missing"] else _DASH.get(k["source"], "solid"),
@@ -224,14 +255,14 @@ def latency_data(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
     return LatencyData(series=tuple(series), thresholds=tuple(_thresholds(config, vllm_min_tokens)),
                        regret=regret, config_name=config_name,
                        error_bars=ERROR_BARS if has_ci else f"{ERROR_BARS} (none recorded for these rows)",
-                       sources=tuple(sorted(set(frame["source"].to_list()))))
+                       sources=tuple(sorted(set(frame["source"].to_list()))), provenance=provenance_line(frame))
 
 
 ERROR_BARS = "95% CI of the median"
 """What every latency error bar in sp_lab is (plots, report, tuner): the 95% confidence interval of the median."""
 
-_REGRET_SCHEMA = {"group": pl.String, "num_tokens": pl.Int64, "variant_run": pl.String, "latency_us": pl.Float64,
-                  "best_variant": pl.String, "best_us": pl.Float64, "regret_rel": pl.Float64}
+_REGRET_SCHEMA = {"group": pl.String, "source": pl.String, "num_tokens": pl.Int64, "variant_run": pl.String,
+                  "latency_us": pl.Float64, "best_variant": pl.String, "best_us": pl.Float64, "regret_rel": pl.Float64}
 
 
 def _regret(frame: pl.DataFrame, suffixes: Mapping[str, str], config: LabConfig | None) -> pl.DataFrame:
@@ -243,15 +274,16 @@ def _regret(frame: pl.DataFrame, suffixes: Mapping[str, str], config: LabConfig 
             table = regret_table(rows.drop("_key"), config, warn=False)
         except ValueError:  # this group lacks a variant the config runs: no regret to draw for it
             continue
-        parts.append(table.with_columns(group=pl.lit(suffixes.get(k, ""))))
+        parts.append(table.with_columns(group=pl.lit(suffixes.get(k, "")), source=pl.lit(rows["source"][0])))
     if not parts:
         return pl.DataFrame(schema=_REGRET_SCHEMA)
     return pl.concat(parts).select(list(_REGRET_SCHEMA)).cast(_REGRET_SCHEMA).sort("group", "num_tokens")
 
 
 def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.Figure:
-    """Latency with intervals (top, log-log), the config's curve, and its regret (bottom, shared log x)."""
-    sources = ", ".join(data.sources) or "no rows yet"
+    """Latency with intervals (top, log-log), the config's curve, and its regret (bottom, shared log x).
+
+    ``title`` (default "Forward latency vs tokens") gets the rows' :func:`provenance_line` under it, always."""
     regret_title = (f"regret of the config ({data.config_name}) vs the fastest variant at each token count"
                     if data.config_name else "regret (no config given)")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=(0.68, 0.32), vertical_spacing=0.1,
@@ -273,11 +305,11 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
         name=f"config: {data.config_name}" if data.config_name else "config", mode="lines",
         line={"color": "black", "width": 3}, customdata=curve["variant_run"].to_list(),
         hovertemplate="%{x} tokens: %{y:.1f} us (runs %{customdata})<extra>config</extra>"), row=1, col=1)
-    for (group,), part in data.regret.group_by(["group"], maintain_order=True):
+    for (group, source), part in data.regret.group_by(["group", "source"], maintain_order=True):
         name = f"regret{group}"
         fig.add_trace(go.Scatter(
             x=part["num_tokens"].to_list(), y=(part["regret_rel"] * 100).to_list(), name=name, meta=f"regret:{name}",
-            mode="lines+markers", line={"color": "#000000", "dash": "dash" if "(simulated)" in group else "solid"},
+            mode="lines+markers", line={"color": "#000000", "dash": _DASH.get(source, "solid")},
             customdata=list(zip(part["variant_run"].to_list(), part["best_variant"].to_list(), strict=True)),
             hovertemplate="%{x} tokens: +%{y:.1f}% (ran %{customdata[0]}, best %{customdata[1]})<extra></extra>"),
             row=2, col=1)
@@ -303,10 +335,11 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
         fig.add_annotation(text="0% regret at every measured token count: the config runs the fastest variant",
                            xref="x2 domain", yref="y2 domain", x=0.5, y=0.6, showarrow=False, font={"size": 11})
     # No fixed width: the figure fills the notebook's output area or the report's page instead of being cut.
-    fig.update_layout(title=title or f"Forward latency vs tokens (source: {sources})", height=760, autosize=True,
+    fig.update_layout(title=f"{title or 'Forward latency vs tokens'}<br><sup>{data.provenance}</sup>", height=770,
+                      autosize=True,
                       legend={"groupclick": "toggleitem", "orientation": "h", "yanchor": "bottom", "y": 1.06,
                               "x": 0, "font": {"size": 11}},
-                      margin={"l": 70, "r": 30, "t": 150, "b": 60})
+                      margin={"l": 70, "r": 30, "t": 160, "b": 60})
     return fig
 
 
@@ -314,49 +347,14 @@ def plot_latency(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
                  vllm_min_tokens: int | None = None, title: str | None = None, widget: bool = False) -> go.Figure:
     """Latency vs token count per variant, the config's curve, threshold markers and its regret (module doc).
 
-    ``widget=True`` returns a :class:`~sp_lab.viz.live_figure.LiveFigure` (needs anywidget) that
-    :func:`update_latency_figure` can refresh as rows arrive.
+    ``widget=True`` returns a :class:`~sp_lab.viz.live_figure.LiveFigure` (needs anywidget); redraw it with a
+    fresh figure (``view.show(plot_latency(more_rows))``) as rows arrive, as the tuner does.
     """
     fig = build_latency_figure(latency_data(rows, config=config, vllm_min_tokens=vllm_min_tokens), title=title)
     if widget:
         from sp_lab.viz.live_figure import LiveFigure
 
         return LiveFigure(fig)
-    return fig
-
-
-def update_latency_figure(fig: go.Figure | LiveFigure, rows: pl.DataFrame | Sequence[Mapping],
-                          **kwargs) -> go.Figure | LiveFigure:
-    """Refresh ``fig`` in place from all rows so far: points appear as they are measured.
-
-    A :class:`~sp_lab.viz.live_figure.LiveFigure` is given the fresh figure whole. In a ``go.Figure``, existing traces (matched by their ``meta`` key; FigureWidget rewrites ``uid``) get new data inside
-    ``batch_update`` (one message to the browser for a ``FigureWidget``); series seen for the first time
-    are appended; thresholds and titles are redrawn. ``kwargs`` are those of :func:`plot_latency`
-    (except ``widget``).
-    """
-    title = kwargs.pop("title", None)
-    fresh = build_latency_figure(latency_data(rows, **kwargs), title=title)
-    from sp_lab.viz.live_figure import LiveFigure
-
-    if isinstance(fig, LiveFigure):
-        fig.show(fresh)
-        return fig
-    by_key = {t.meta: t for t in fig.data if isinstance(t.meta, str)}
-    new = []
-    with fig.batch_update():
-        for trace in fresh.data:
-            old = by_key.get(trace.meta)
-            if old is None:
-                new.append(trace)
-                continue
-            old.update(x=trace.x, y=trace.y, error_y=trace.error_y, customdata=trace.customdata, name=trace.name)
-        fig.layout.shapes = fresh.layout.shapes
-        # Subplot titles are annotations too; the fresh figure carries both them and the threshold labels.
-        fig.layout.annotations = fresh.layout.annotations
-        fig.layout.title = fresh.layout.title
-        fig.layout.yaxis.title = fresh.layout.yaxis.title
-    if new:  # plotly refuses add_traces inside batch_update
-        fig.add_traces(new, rows=[2 if str(t.meta).startswith("regret:") else 1 for t in new], cols=[1] * len(new))
     return fig
 
 
@@ -370,5 +368,5 @@ __all__ = [
     "build_latency_figure",
     "latency_data",
     "plot_latency",
-    "update_latency_figure",
+    "provenance_line",
 ]

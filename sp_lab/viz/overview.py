@@ -23,7 +23,7 @@ from sp_lab.compiler.report import (
     PieceRecord,
     RangeReport,
 )
-from sp_lab.viz.report_input import as_report, range_label, resolve_range
+from sp_lab.viz.report_input import as_report, range_label, report_provenance, resolve_range
 
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
@@ -284,6 +284,8 @@ class OverviewData:
     """Failed checks of this range."""
     erased: tuple[ErasedCopy, ...]
     """``copy_`` epilogues erased by ``gather_erase`` (numerically unsafe)."""
+    provenance: str
+    """:func:`~sp_lab.viz.report_input.report_provenance` of the report: backend, device, torch."""
 
     def boundary_after(self, piece: int) -> BoundaryLabel | None:
         """The boundary leaving ``piece`` (None after the last piece)."""
@@ -394,7 +396,8 @@ def overview_data(report: ReportSource, range_index: int | None = None, *, max_p
     provenance = report.provenance
     return OverviewData(model=report.model.get("name", "?"), tp_size=provenance.get("tp_size"),
                         synthetic=bool(provenance.get("synthetic")), range_index=ri, range=r, pieces=pieces,
-                        boundaries=boundaries, groups=groups, failures=tuple(failures), erased=erased)
+                        boundaries=boundaries, groups=groups, failures=tuple(failures), erased=erased,
+                        provenance=report_provenance(report))
 
 
 def _collapse(pieces: Sequence[PieceBox], boundaries: Sequence[BoundaryLabel], failures: Sequence[FailureMark],

@@ -106,7 +106,7 @@ def build_overview_figure(data: OverviewData, expand: bool | Iterable[str] = Fal
         width=min(max(900, int(drawing.x * _PX_PER_UNIT)), _MAX_WIDTH_PX),
         xaxis={"visible": False, "range": [-0.3, min(drawing.x + 0.5, _MAX_WIDTH_PX / _PX_PER_UNIT)]},
         yaxis={"visible": False, "range": [drawing.deepest - 0.2, 1.6]},
-        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 60, "b": 70},
+        plot_bgcolor="white", dragmode="pan", margin={"l": 20, "r": 20, "t": 85, "b": 70},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
     )
     return fig
@@ -263,7 +263,8 @@ class _LaneDrawing:
 
 
 def _title(data: OverviewData) -> str:
-    """Model, tp and range, then what went wrong in it (unsafe, failed checks, not compiled)."""
+    """Model, tp and range, then what went wrong in it (unsafe, failed checks, not compiled); under it where the
+    report was compiled (backend, device, torch: "fake process group: graphs only" for a fake group)."""
     title = f"{data.model} tp{data.tp_size} · {range_title(data.range)}"
     if data.range.numerically_unsafe:
         title += f" · <span style='color:{UNSAFE_COLOR}'>NUMERICALLY UNSAFE</span>"
@@ -275,4 +276,4 @@ def _title(data: OverviewData) -> str:
         title += f" · <span style='color:{FAILURE_COLOR}'>compile failed</span>"
     if data.synthetic:
         title += " · (synthetic report)"
-    return title
+    return f"{title}<br><sup>{data.provenance}</sup>"

@@ -80,6 +80,8 @@ class PieceDiffData:
     """The rewritten neighbourhoods."""
     op_counts: pl.DataFrame
     """Columns op, before, after, delta."""
+    provenance: str
+    """Where the report was compiled (:func:`~sp_lab.viz.report_input.report_provenance`)."""
 
 
 def _adjacency(snapshot: GraphSnapshot) -> dict[str, set[str]]:
@@ -222,7 +224,7 @@ def piece_diff_data(report: ReportSource, range_index: int | None = None, piece_
                          after=collapse(after_g, added, modules=after_modules, input_names=names),
                          added=added, removed=removed,
                          regions=diff_regions(before_g, after_g, removed, added, input_names=names),
-                         op_counts=op_counts)
+                         op_counts=op_counts, provenance=overview.provenance)
 
 
 def _input_names(rng: RangeReport, piece_index: int, graph: GraphSnapshot) -> dict[str, str]:

@@ -114,9 +114,14 @@ class _Canvas:
             # One point of dot's layout = one pixel, so the 10 px labels fit the boxes dot sized for them.
             xaxis={"visible": False, "range": [-10, min(width, 1800 - 60) + 10]},
             yaxis={"visible": False, "range": [-10, height + 10]}, plot_bgcolor="white", dragmode="pan",
-            margin={"l": 20, "r": 20, "t": 90, "b": 70}, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom"},
+            margin={"l": 20, "r": 20, "t": 110, "b": 70}, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom"},
             hoverlabel={"align": "left"})
         return fig
+
+
+def _provenance(data: PieceDiffData) -> str:
+    """The title's last line: where the report was compiled (backend, device, torch; or a fake process group)."""
+    return f"<br><sup>{data.provenance}</sup>"
 
 
 def _layout(graph: PieceGraph) -> DagLayout:
@@ -139,7 +144,8 @@ def build_piece_figure(data: PieceDiffData, mode: str = "after", *, search: str 
         which = "after SP + AsyncTP" if mode == "after" else "before the passes"
         n_changed = len(data.added if mode == "after" else data.removed)
         title = (f"{head}<br><sup>{which}: {len(graph.nodes)} boxes for {sum(n.count for n in graph.nodes)} ops, "
-                 f"{n_changed} ops {'added' if mode == 'after' else 'removed'} (thick outline) · {counts}</sup>")
+                 f"{n_changed} ops {'added' if mode == 'after' else 'removed'} (thick outline) · {counts}</sup>"
+                 f"{_provenance(data)}")
         return canvas.figure(layout.width, layout.height, title)
     return _diff_figure(data, canvas, head, counts, search)
 
@@ -147,7 +153,7 @@ def build_piece_figure(data: PieceDiffData, mode: str = "after", *, search: str 
 def _diff_figure(data: PieceDiffData, canvas: _Canvas, head: str, counts: str, search: str) -> go.Figure:
     if not data.regions:
         canvas.titles.append((0.0, 0.0, "the passes did not change this piece"))
-        return canvas.figure(400.0, 40.0, f"{head}<br><sup>diff: no rewritten regions</sup>")
+        return canvas.figure(400.0, 40.0, f"{head}<br><sup>diff: no rewritten regions</sup>{_provenance(data)}")
     laid = [(r, _layout(r.before), _layout(r.after)) for r in data.regions]
     col_w = max(lb.width for _, lb, _ in laid)
     side_by_side = col_w + _GAP + max(la.width for _, _, la in laid) <= _DIFF_MAX_WIDTH
@@ -172,5 +178,5 @@ def _diff_figure(data: PieceDiffData, canvas: _Canvas, head: str, counts: str, s
         canvas.titles.append((0.0, y + h + 4, (f"<b>{region.index + 1}. {region.title}</b>{where}"
                                                f" <span style='color:#777'>{how}</span>")))
         y += h + _TITLE_H + _GAP / 2
-    title = f"{head}<br><sup>diff: {len(data.regions)} rewritten region(s) · {counts}</sup>"
+    title = f"{head}<br><sup>diff: {len(data.regions)} rewritten region(s) · {counts}</sup>{_provenance(data)}"
     return canvas.figure(width, y, title)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     ReportSource: TypeAlias = CompileReport | Mapping[str, Any] | str | Path
     """What every view accepts: the compiler's report, its dict, or a path to its JSON."""
 
-__all__ = ["as_report", "load_report", "range_label", "resolve_range"]
+__all__ = ["as_report", "load_report", "range_label", "report_provenance", "resolve_range"]
 
 
 def load_report(path: str | Path) -> CompileReport:
@@ -42,6 +42,20 @@ def as_report(report: ReportSource) -> CompileReport:
     if not out.ranges:
         raise ValueError("report has no compile ranges ('ranges' is empty): nothing was compiled")
     return out
+
+
+def report_provenance(report: CompileReport) -> str:
+    """Where the report was compiled, in one line for a figure's title: ``"backend gloo · device cpu · torch 2.13.0"``.
+
+    Under the fake process group (one process, placeholder collectives) it starts with "fake process group: graphs
+    only": its graphs and shapes are the real ones, its compile times those of one process, no collective ran.
+    """
+    prov = report.provenance
+    backend = prov.get("backend")
+    parts = ["fake process group: graphs only" if backend == "fake" else f"backend {backend}" if backend else None,
+             f"device {prov['device']}" if prov.get("device") else None,
+             f"torch {prov['torch']}" if prov.get("torch") else None]
+    return " · ".join(p for p in parts if p) or "provenance not recorded"
 
 
 def range_label(rng: RangeReport) -> str:

@@ -85,6 +85,26 @@ def html_table(df: pl.DataFrame, *, percent: Sequence[str] = (), digits: int = 1
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+_HEADING_SETUP = ("model", "tp", "dtype", "device_name")
+"""What the page heading names of each setup in the rows (all of them are in the provenance table)."""
+
+
+def _heading(rows: pl.DataFrame) -> str:
+    """The page heading, from every row: the one setup, or each of several (a report may span setups)."""
+    setups = rows.select(_HEADING_SETUP).unique().sort(_HEADING_SETUP).iter_rows(named=True)
+    named = [f"{s['model']}, tp={s['tp']}, {s['dtype']}, {s['device_name']}" for s in setups]
+    text = named[0] if len(named) == 1 else f"{len(named)} setups ({'; '.join(named)})"
+    return f"<h1>sp_lab report: {html.escape(text)}</h1>"
+
+
+def _summary(rows: pl.DataFrame, store: str | Path, sources: Sequence[str]) -> str:
+    """How many rows of which source, from where and when: "measured" only for rows that were."""
+    counts = dict(rows.group_by("source").len().iter_rows())
+    of = ", ".join(f"{counts[s]} {s}" for s in sources)
+    return (f"<p>{rows.height} rows ({html.escape(of)}) from <code>{html.escape(str(store))}</code>, timestamped "
+            f"{rows['timestamp'].min()} to {rows['timestamp'].max()}.</p>")
+
+
 def _recommendation_html(rec: Recommendation) -> str:
     s = rec.second_threshold
     second = ""
@@ -129,6 +149,7 @@ def write_report(
     another store is kept unless ``overwrite``: :class:`ReportOverwriteError` names both stores.
     """
     from sp_lab.viz.latency import plot_latency
+    from sp_lab.vocabulary import FUSION_MISSING_SUFFIX
 
     out = Path(out)
     previous = report_store(out) if out.exists() else None
@@ -139,14 +160,13 @@ def write_report(
         )
     shown = recommendation.config if recommendation is not None else config
     sources = sorted(set(rows["source"].to_list()))
-    title = f"Forward latency vs tokens (source: {', '.join(sources)})"
     drift = tuned_drift(rows, shown) if shown is not None else None
     drawn = rows
     if drift is not None:  # the tuned curve says in its legend entry that it comes from a later sweep
         drawn = rows.with_columns(variant=pl.when(pl.col("variant") == TUNED)
                                   .then(pl.lit(f"{TUNED} (later sweep: {drift:.2f}x the program it runs)"))
                                   .otherwise(pl.col("variant")))
-    figures = [plot_latency(drawn, config=shown, title=title)]
+    figures = [plot_latency(drawn, config=shown)]  # titled with the rows' provenance (source, device, torch, ...)
     if compile_report is not None:
         from sp_lab.viz.explorer import load_report, plot_overview
 
@@ -161,11 +181,7 @@ def write_report(
                 pl.col("n_fused_mm_rs").max().alias("fused mm+RS (max)"),
                 pl.col("fusion_missing").sum().alias("fusion missing"))
            .sort("reported_variant"))
-    heading = (f"<h1>sp_lab report: {html.escape(str(rows['model'][0]))}, tp={rows['tp'][0]}, "
-               f"{html.escape(str(rows['device_name'][0]))}</h1>")
-    summary = (f"<p>{rows.height} rows from <code>{html.escape(str(store))}</code>, measured "
-               f"{rows['timestamp'].min()} to {rows['timestamp'].max()}; sources: {', '.join(sources)}.</p>")
-    parts = [heading, summary]
+    parts = [_heading(rows), _summary(rows, store, sources)]
     if recommendation is not None:
         parts += ["<h2>Recommendation</h2>", _recommendation_html(recommendation)]
     else:
@@ -174,8 +190,8 @@ def write_report(
     missing = int(rows["fusion_missing"].sum())
     if missing:
         parts.append(f"<p class='warn'>{missing} row(s) expected SP or AsyncTP fusion that did not run. They are "
-                     "drawn and listed as '&lt;variant&gt; [fusion missing]', never as the variant they were asked "
-                     "to be.</p>")
+                     f"drawn and listed as '&lt;variant&gt;{html.escape(FUSION_MISSING_SUFFIX)}', never as the "
+                     "variant they were asked to be.</p>")
     if TUNED in set(rows["variant"].to_list()):
         measured = (f" Here they ran <b>{drift:.2f}x</b> the latency of the variant the config runs at the same "
                     "token counts (median over the counts): the same program, so that factor is the machine's "

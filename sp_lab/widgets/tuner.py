@@ -12,12 +12,14 @@ Two layers, so that everything but the drawing is testable without a browser:
   :class:`~sp_lab.viz.live_figure.LiveFigure`, which every view draws whatever its timing) as each row
   arrives, the policy and threshold controls, the regret table and an Export button.
 
-Sources of rows: a live sweep (:meth:`TunerState.run_sweep`, ranks started with
-:func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo ranks here, one GPU per rank where there are
-enough), or a replay (:meth:`TunerState.replay`) of a recorded store / parquet file, or, when no
-recorded GPU sweep exists, a demo made wholly of the performance model's rows for this model on ``tp`` H200s
-(:func:`predicted_rows`, ``source="predicted"``: labelled so in the legend, the status line and the
-recommendation; never mixed with measured rows, and exporting them is refused). Separately,
+Sources of rows, one at a time (a live sweep starts from its own rows, never merged with what was shown): a
+live sweep (:meth:`TunerState.run_sweep`, ranks started with :func:`sp_lab.bench.sweep.launch_sweep`: CPU gloo
+ranks here, one GPU per rank where there are enough), or a replay (:meth:`TunerState.replay`) of a recorded
+store / parquet file (its timings labelled ``replayed``, as ``python -m sp_lab replay`` imports them), or, when
+no recorded GPU sweep exists, a demo made wholly of the performance model's rows for a preset on ``tp`` H200s
+(:func:`predicted_rows`, ``source="predicted"``; the "Predicted demo (H200)" button: labelled so in the legend,
+the title, the status line and the recommendation; never mixed with measured rows, and exporting them is
+refused). Every figure names the rows' model, tp, device and torch under its title. Separately,
 :meth:`Tuner.overlay_prediction` draws the model's curves for a chosen preset and GPU beside measured rows
 (dashed, "predicted" legend group), never mixed into the rows, the regret or the recommendation.
 
@@ -30,6 +32,7 @@ recommendation; never mixed with measured rows, and exporting them is refused). 
 from __future__ import annotations
 
 import dataclasses
+import html
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -65,8 +68,9 @@ SHAPES = {f"{BASELINE} -> {SP_ASYNC_TP}": (BASELINE, SP_ASYNC_TP), f"{BASELINE} 
 """The one-threshold policies a LabConfig can express: (variant below the threshold, variant from it on)."""
 
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-_RUN_FIRST = "tuner.run_sweep() or the Run sweep button; or replay recorded rows: tuner.replay(STORE_DIR)"
 """Token counts a live sweep measures unless told otherwise."""
+
+_RUN_FIRST = "tuner.run_sweep() or the Run sweep button; or replay recorded rows: tuner.replay(STORE_DIR)"
 
 # What the latency plot needs that the performance model does not produce (it has no spread, no torch run).
 _PREDICTED_FILL = {"p10_us": None, "p90_us": None, "torch_version": "n/a (predicted)", "boundary": "sharded"}
@@ -74,7 +78,10 @@ DEMO_GPU = "h200"
 """The GPU a demo replay (``replay(None)``) is predicted for: the one the kernel tables were measured on."""
 
 
-def _dtype_bytes(dtype: str) -> int:
+def _activation_bytes(dtype: str) -> int:
+    """Bytes of one activation element of a model of ``dtype``, which vLLM sizes its SP threshold by: an FP8
+    model (``fp8-rowwise``) keeps bf16 activations, so 2 (not its matmuls' operand width,
+    :func:`sp_lab.tuning.predict.kernels.dtype_bytes`)."""
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype).removeprefix("torch."), 2)
 
 
@@ -165,26 +172,42 @@ class TunerState:
         with self._lock:
             return self.rows
 
+    def provenance(self) -> str:
+        """Where the rows shown come from, in one line (model, tp, device, torch, boundary, dtype, source): what the
+        figure says under its title, for printing beside a recommendation or a regret."""
+        from sp_lab.viz.latency import provenance_line
+
+        return provenance_line(self.snapshot())
+
     def replay(self, source: str | Path | pl.DataFrame | None = None) -> str:
         """Show recorded rows and select their recommended policy; returns a line saying what was loaded.
 
-        ``source``: a sweep store directory, a ``.parquet`` / ``.csv`` file or a DataFrame of sweep rows.
-        ``None`` shows a demo made wholly of the performance model's rows for this model and tp on H200s
-        (:func:`predicted_rows`, ``source="predicted"``): sp_lab ships no recorded multi-GPU sweep. The
+        ``source``: a sweep store directory or a ``.parquet`` / ``.csv`` file, read as ``python -m sp_lab
+        replay`` imports it (:func:`~sp_lab.bench.replay.read_as_replayed`: timings measured elsewhere are labelled
+        ``replayed``); or a DataFrame of sweep rows, shown with the sources it carries (e.g. this session's own
+        measured rows).
+        ``None`` shows a demo made wholly of the performance model's rows for this model (a preset) and tp on
+        H200s (:func:`predicted_rows`, ``source="predicted"``): sp_lab ships no recorded multi-GPU sweep. The
         recommendation is then the model's, said so; exporting it is refused (``export_config``).
         """
         if source is None:
-            rows = predicted_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
-                                  variants=[v for v in self.variants if v != TUNED])
+            try:
+                rows = predicted_rows(self.model, self.tp, self.token_counts, num_layers=self.num_layers,
+                                      variants=[v for v in self.variants if v != TUNED])
+            except ValueError as e:
+                raise ValueError(
+                    f"no predicted demo for {self.model!r} at tp={self.tp}: {e}. The performance model predicts "
+                    "the presets on H200s: pick one and a tp that divides its heads (e.g. llama-3-70b, tp 8), or "
+                    f"run a live sweep of {self.model!r}") from e
             what = (f"a demo: {rows.height} rows {PREDICTED} by the performance model for {self.tp}x H200 from "
                     "single-H200 kernel tables (no multi-GPU run; not measured)")
         elif isinstance(source, pl.DataFrame):
             rows, what = source, f"{source.height} rows"
         else:
-            from sp_lab.bench.replay import read_recorded
+            from sp_lab.bench.replay import read_as_replayed
 
-            rows = read_recorded(source)
-            what = f"{rows.height} rows from {source}"
+            rows = read_as_replayed(source)
+            what = f"{rows.height} rows recorded in {source}"
         if not rows.height:
             raise ValueError(f"nothing to replay: {what}")
         self.set_rows(rows)
@@ -208,14 +231,15 @@ class TunerState:
                   progress: bool = False) -> SweepResult:
         """Measure this setup on ``tp`` fresh ranks; ``on_row(row)`` after each row lands (watcher thread).
 
-        Rows of an earlier source are cleared first. Returns the :class:`~sp_lab.bench.sweep.SweepResult`.
+        The sweep starts from its own rows: whatever was shown (a replay, the demo, another setup's sweep) is
+        cleared first, never merged with this machine's new measurements; points the store already holds for
+        this setup and machine are shown again at the end. Returns the :class:`~sp_lab.bench.sweep.SweepResult`.
         """
         from sp_lab.bench.sweep import launch_sweep
 
         if self.store_dir is None:
             raise ValueError(f"store_dir is None: a live sweep needs a sweep store directory (e.g. {DEFAULT_STORE!r})")
-        if self.source not in (None, MEASURED):
-            self.set_rows(pl.DataFrame())
+        self.set_rows(pl.DataFrame())
 
         def deliver(row: Mapping[str, Any]) -> None:
             self.add_row(row)
@@ -236,7 +260,10 @@ class TunerState:
         return result
 
     def _add_resumed_rows(self) -> None:
-        """Rows of this setup already in the store (model, tp, variants, token counts) not shown yet."""
+        """Rows of this setup already in the store (model, tp, variants, token counts) measured on this machine,
+        not shown yet (a store shared with another machine holds its rows too: never merged with these)."""
+        import socket
+
         from sp_lab.bench.store import SweepStore
 
         stored = SweepStore(self.store_dir).read(skip_corrupt=True)
@@ -244,7 +271,8 @@ class TunerState:
             return
         mine = stored.filter(pl.col("model") == self.model, pl.col("tp") == self.tp,
                              pl.col("source") == MEASURED, pl.col("variant").is_in(list(self.variants)),
-                             pl.col("num_tokens").is_in(list(self.token_counts)))
+                             pl.col("num_tokens").is_in(list(self.token_counts)),
+                             pl.col("hostname") == socket.gethostname())
         if self.num_layers is not None:
             mine = mine.filter(pl.col("num_layers") == self.num_layers)
         shown = self.snapshot()
@@ -333,7 +361,7 @@ class TunerState:
         from sp_lab.vllm_releases import vllm_sp_min_token_num
 
         s = self._setup()
-        return vllm_sp_min_token_num(s["hidden_size"], _dtype_bytes(s["dtype"]), s["tp"], capability)
+        return vllm_sp_min_token_num(s["hidden_size"], _activation_bytes(s["dtype"]), s["tp"], capability)
 
     # ------------------------------------------------------------------ export
     def data_hash(self) -> str:
@@ -376,7 +404,10 @@ class Tuner:
         self.variants = w.SelectMultiple(options=list(REFERENCE_VARIANTS) + [TUNED], value=tuple(state.variants),
                                          description="variants", rows=4)
         self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play", layout=w.Layout(width="auto"))
-        self.replay_button = w.Button(description="Replay recorded", icon="history", layout=w.Layout(width="auto"))
+        # What it shows: the performance model's rows, not a recording (replay(path) replays recorded rows).
+        self.demo_button = w.Button(description="Predicted demo (H200)", icon="calculator",
+                                    tooltip="the performance model's predicted rows for the model and tp above on "
+                                            "H200s: not measured", layout=w.Layout(width="auto"))
         self.progress = w.IntProgress(value=0, min=0, max=max(state.total, 1), description="0 / 0")
         self.shape = w.Dropdown(options=list(SHAPES), value=self._shape_label(), description="policy")
         self.slider = w.SelectionSlider(options=self._slider_options(), value=self._slider_value(),
@@ -389,13 +420,13 @@ class Tuner:
         self.regret_html = w.HTML()
         self.plot = LiveFigure()
         self.run_button.on_click(lambda _b: self.start_sweep())
-        self.replay_button.on_click(lambda _b: self.replay())
+        self.demo_button.on_click(lambda _b: self._demo_clicked())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
         self.export_button.on_click(lambda _b: self._export_clicked())
         self.slider.observe(lambda change: self.set_threshold(change["new"]), names="value")
         self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
-                        w.VBox([self.run_button, self.replay_button, self.progress])])
+                        w.VBox([self.run_button, self.demo_button, self.progress])])
         tuning = w.HBox([self.shape, self.slider, self.recommend_button])
         export = w.HBox([self.export_dir, self.export_button])
         self.widget = w.VBox([setup, self.plot, tuning, self.regret_html, export, self.status])
@@ -480,6 +511,13 @@ class Tuner:
         self.redraw()
         self._say(message)
 
+    def _demo_clicked(self) -> None:
+        """The "Predicted demo (H200)" button: a click has no cell to raise into; the status line shows the error."""
+        try:
+            self.replay(None)
+        except Exception as e:  # noqa: BLE001 - shown in the widget, as start_sweep does
+            self._say(f"predicted demo failed: {type(e).__name__}: {e}", error=True)
+
     def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> None:
         """Overlay predicted curves for ``model`` on ``tp`` x ``gpu`` (``model=""`` clears them) and redraw."""
         try:
@@ -540,9 +578,12 @@ class Tuner:
         except (ValueError, OSError):
             return None
 
-    def _title(self) -> str:
-        src = self.state.source or "no rows yet"
-        return f"{self.state.model} tp={self.state.tp}: forward latency vs tokens (source: {src})"
+    def _title(self) -> str | None:
+        """With rows: the figure's own title, under which it names their model, tp, device, torch and source
+        (from the rows, not from the setup controls, which a replay does not change). Before any row: the setup."""
+        if self.state.snapshot().height:
+            return None
+        return f"{self.state.model} tp={self.state.tp}: forward latency vs tokens (no rows yet)"
 
     def _say(self, text: str, *, error: bool = False) -> None:
         self.status.value = f"<span style='color:{'#b00' if error else '#333'}'>{text}</span>"
@@ -586,6 +627,7 @@ class Tuner:
         said = (" <b>(from predicted rows: the performance model's choice, not measured)</b>"
                 if self.state.source == PREDICTED else "")
         return (f"<b>recommended:</b> {rec.summary()}{said}<br><i>{rec.noise_line()}</i><br>"
+                f"<b>rows:</b> {html.escape(self.state.provenance())}<br>"
                 f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, summed over the "
                 f"token counts {100 * total:.1f}%{self._vllm_line()}"
                 "<table style='border-collapse:collapse;margin-top:4px'>"
@@ -621,9 +663,9 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
         config: base ``LabConfig`` the policy gates (default ``LabConfig(tp_size=tp)``).
         threshold: initial threshold (default: the config's ``async_tp_min_tokens``).
         export_dir: where Export writes the tuned config (default: the project's ``out/``, as the CLI).
-        replay: rows to show at once: a store dir, a parquet file, a DataFrame, or ``True`` for a demo of
-            the performance model's rows on H200s (``source="predicted"``). ``None`` starts empty (run a sweep or
-            press "Replay recorded").
+        replay: rows to show at once: a store dir or a parquet file (recorded rows, labelled ``replayed``), a
+            DataFrame, or ``True`` for a demo of the performance model's rows on H200s (``source="predicted"``;
+            a preset only). ``None`` starts empty (run a sweep, or press "Predicted demo (H200)" for the demo).
         **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
     from sp_lab.models.registry import resolve_config

@@ -18,6 +18,7 @@ import polars as pl
 from sp_lab.programs import REFERENCE_VARIANTS
 from sp_lab.resources import preset_names
 from sp_lab.tuning.predict.crossover import Crossover, predicted_crossover
+from sp_lab.tuning.predict.hardware import BOARD_GPUS
 from sp_lab.tuning.predict.layer import PREDICTED_RULE, Target, num_layers_of, predict_layers
 from sp_lab.vocabulary import BASELINE, PREDICTED, SP, SP_ASYNC_TP, TUNED
 
@@ -119,6 +120,9 @@ def predict(model: str, tp: int, gpu: str = "h200", *, tokens: Sequence[int] = D
     """Predict ``model`` (a preset) at ``tp`` on 8-GPU boards of ``gpu``; ``ValueError`` naming the allowed
     models / GPUs / dtypes for a bad one. ``rule``: the per-matmul rule of the ``tuned`` curve (default: the
     one the model implies, fusing each matmul where its predicted fused time is smaller)."""
+    if tp > BOARD_GPUS:
+        raise ValueError(f"tp={tp}: predictions model one {BOARD_GPUS}-GPU board (its NVLink / NVSwitch); "
+                         f"tensor parallelism across nodes is not modelled: pick a tp of at most {BOARD_GPUS}")
     check_model(model)
     target = Target.of(gpu, dtype=dtype, timing=timing)
     rows = predict_layers(model, tp, tokens, target, num_layers=num_layers_of(model), full_layer=True,

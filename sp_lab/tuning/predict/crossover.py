@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from sp_lab.tuning.model_sp import lasting_crossover
 from sp_lab.tuning.predict.layer import Target, predict_layers
 from sp_lab.vocabulary import BASELINE, SP_ASYNC_TP
 
@@ -59,14 +60,9 @@ def crossover_tokens(rows: pl.DataFrame, variant: str = SP_ASYNC_TP, against: st
         on="variant", index="num_tokens", values="latency_us").sort("num_tokens")
     if variant not in wide.columns or against not in wide.columns:
         raise ValueError(f"rows need both {variant!r} and {against!r} rows; have {sorted(rows['variant'].unique())}")
-    wins = (wide[variant] < wide[against]).to_list()
-    counts = wide["num_tokens"].to_list()
-    if not wins or not wins[-1]:
-        return None
-    first = len(wins)
-    while first > 0 and wins[first - 1]:
-        first -= 1
-    return int(counts[first])
+    start = lasting_crossover(zip(wide["num_tokens"].to_list(), (wide[variant] < wide[against]).to_list(),
+                                  strict=True))
+    return None if start is None else int(start)
 
 
 def _perturbed(target: Target) -> list[Target]:

@@ -69,6 +69,11 @@ class Interconnect:
         return self.copy_alpha_us + nbytes / (self.copy_gbps * 1e3)
 
 
+BOARD_GPUS = 8
+"""GPUs on the one board (node) a prediction models: their interconnect is the board's NVLink / NVSwitch (or PCIe);
+traffic between nodes is not modelled, so neither is a tp above this."""
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One GPU model: peaks from its datasheet and the interconnect of its usual 8-GPU board."""

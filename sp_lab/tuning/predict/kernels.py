@@ -71,9 +71,12 @@ def peak_key(dtype: str) -> str:
     return "float8" if key.startswith("float8") else "bfloat16"
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Element size of ``dtype``."""
-    return DTYPE_BYTES[canonical_dtype(dtype)]
+def dtype_bytes(dtype: str | None) -> int:
+    """Bytes of one matmul operand element for a dtype label (a prediction's, a row's, a sweep setup's): 1 for
+    every FP8 spelling :func:`canonical_dtype` knows (``float8``, ``fp8-rowwise``, ``float8_e4m3fn``,
+    ``float8_tensorwise``), 2 for bf16 / fp16, 4 for fp32; ``None`` (rows without a dtype) is bf16, the
+    microbenchmarks' default. sp_lab's one answer: training, rules and predictions all ask here."""
+    return 2 if dtype is None else DTYPE_BYTES[canonical_dtype(dtype)]
 
 
 def _interp_loglog(x: float, xs: np.ndarray, ys: np.ndarray) -> float:

@@ -138,7 +138,7 @@ def matmul_rows(shapes: Sequence[MatmulShape], token_counts: Iterable[int], tp: 
     per-matmul training-row layout a :class:`~sp_lab.rules.MatmulRule` is trained on.
 
     Columns ``m, n, k, tp, name, side, unfused_us, fused_us, ratio, mm_us, comm_us, chunked_us (the chunk
-    matmuls at full speed), overhead_us, estimated (shape not measured: roofline), gpu, interconnect,
+    matmuls at full speed), overhead_us, estimated (shape not measured: roofline), dtype, gpu, interconnect,
     device_name, source="predicted"``; ``m`` is the token count asked for, times are at ``m`` padded to ``tp``.
     ``measured_shapes=False`` times every shape from the forms fitted to the tables (see :class:`KernelModel`).
     """
@@ -153,6 +153,7 @@ def matmul_rows(shapes: Sequence[MatmulShape], token_counts: Iterable[int], tp: 
                          "mm_us": p.mm_us, "comm_us": p.comm_us, "chunked_us": p.pipeline.compute_us,
                          "overhead_us": p.overhead_us, "estimated": (shape.n, shape.k) in kernels.estimated})
     return pl.DataFrame(rows).with_columns(
+        dtype=pl.lit(target.dtype),  # a rule trained on these rows must tell an FP8 matmul from its bf16 twin
         gpu=pl.lit(target.gpu.name), interconnect=pl.lit(target.interconnect.name),
         device_name=pl.lit(f"predicted: {tp}x {target.gpu.label}"), source=pl.lit(PREDICTED))
 
@@ -224,7 +225,7 @@ def predict_layers(
         if rule == PREDICTED_RULE:
             choices[TUNED] = [p.fused_us < p.unfused_us for p in pairs]
         elif rule is not None:
-            choices[TUNED] = [rule.decide(m, s.n, s.k, tp) == "fuse" for s in shapes]
+            choices[TUNED] = [rule.decide(m, s.n, s.k, tp, dtype_bytes=kernels.bytes) == "fuse" for s in shapes]
         for variant, fuse in choices.items():
             if fuse is None:
                 matmul = plain
