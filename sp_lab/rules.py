@@ -26,7 +26,7 @@ import json
 import math
 import operator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sp_lab.jsonfile import read_json
 
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 Choice = Literal["fuse", "no_fuse", "unsure"]
-CHOICES: tuple[str, ...] = ("fuse", "no_fuse", "unsure")
+CHOICES: tuple[str, ...] = get_args(Choice)
 
 #: Deepest tree accepted. scikit-learn trees trained on a few thousand shapes stay far below this;
 #: the limit exists so a malformed (or cyclic-by-copy) file fails with a message, not a RecursionError.

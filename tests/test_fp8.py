@@ -222,18 +222,24 @@ def test_fp8_checkpoint_loads_as_written(checkpoints, granularity):
 
     model = sp_lab.models.build(checkpoints[granularity], dtype=torch.bfloat16)
     assert model.spec.quant == ("fp8-rowwise" if granularity == "channel" else "fp8-tensorwise")
+    # sp_lab's linear -> the checkpoint's linears it holds, stacked
+    assembled = {"self_attn.qkv_proj": HF_LINEARS[:3], "self_attn.o_proj": HF_LINEARS[3:4],
+                 "mlp.gate_up_proj": HF_LINEARS[4:6], "mlp.down_proj": HF_LINEARS[6:]}
     with safe_open(str(checkpoints[granularity] / "model.safetensors"), "pt") as f:
-        def dequant(name):
-            return f.get_tensor(f"model.layers.0.{name}.weight").float() * f.get_tensor(
-                f"model.layers.0.{name}.weight_scale").float().reshape(-1, 1)
-        qkv = model.model.layers[0].self_attn.qkv_proj
-        want = torch.cat([dequant(n) for n in HF_LINEARS[:3]])
-        got = qkv.weight.float() * qkv.weight_scale.float().reshape(-1, 1)
-        if granularity == "channel":  # bytes and scales as stored
-            assert torch.equal(got, want)
-        else:  # q|k|v requantised with the largest of their scales: within one FP8 step of each weight
-            assert qkv.weight_scale.dim() == 0 and qkv.input_scale.dim() == 0
-            assert ((got - want).abs() <= want.abs() / 8 + 1e-6).all()
+        def dequant(layer, name):
+            return f.get_tensor(f"model.layers.{layer}.{name}.weight").float() * f.get_tensor(
+                f"model.layers.{layer}.{name}.weight_scale").float().reshape(-1, 1)
+        for i, layer in enumerate(model.model.layers):
+            for path, names in assembled.items():
+                linear = layer.get_submodule(path)
+                want = torch.cat([dequant(i, n) for n in names])
+                got = linear.weight.float() * linear.weight_scale.float().reshape(-1, 1)
+                if granularity == "channel" or len(names) == 1:  # bytes and scales as stored
+                    assert torch.equal(got, want), (i, path)
+                else:  # parts requantised with the largest of their scales: within one FP8 step of each weight
+                    assert linear.weight_scale.dim() == 0 and linear.input_scale.dim() == 0
+                    assert ((got - want).abs() <= want.abs() / 8 + 1e-6).all(), (i, path)
+    assert len(model.model.layers) == 2
     with torch.no_grad():
         logits = model(_ids(13))
     assert torch.isfinite(logits).all()

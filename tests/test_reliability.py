@@ -683,7 +683,7 @@ def test_pickle_or_binary_text_passed_as_config_text_is_not_taken_for_json_or_a_
     for text in (payload.decode("latin-1"), "\x00\x01\x02", "tp_size: 2\nenable_sp: true"):
         LEDGER["bad_inputs"] += 1
         # Control characters or line breaks: no file name looks like that, so it is not looked up as one.
-        with pytest.raises(ConfigError, match=r"config: .* is neither JSON text \(which starts with '\{'\) nor the path"):
+        with pytest.raises(ConfigError, match=r"config: .* is neither JSON text \(which starts with '\{' or '\['\) nor the path"):
             LabConfig.from_json(text)
     LEDGER["bad_inputs"] += 1
     with pytest.raises(ConfigError, match="config: expected a JSON object, got list"):

@@ -93,6 +93,7 @@ def test_bench_script_cpu_smoke_and_refusal(tmp_path):
     data = json.loads((tmp_path / "matmul_single_gpu.json").read_text())
     assert data["meta"]["source"] == "measured" and data["meta"]["torch"] == torch.__version__
     by_variant = {v: [r for r in data["rows"] if r["variant"] == v] for v in ("mm", "mm_chunked", "fused_ws1")}
+    assert all(by_variant.values()), {v: len(rows) for v, rows in by_variant.items()}  # every variant has rows
     assert all(r["us"] > 0 for r in by_variant["mm"] + by_variant["mm_chunked"])
     assert all(r["us"] is None and "symmetric memory" in r["error"] for r in by_variant["fused_ws1"])
 

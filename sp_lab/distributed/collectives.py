@@ -29,6 +29,8 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from sp_lab.distributed.process_group import MULTICAST_OFF
+
 __all__ = [
     "REHEARSAL_NOTE",
     "all_gather_single",
@@ -57,9 +59,6 @@ REHEARSAL_NOTE = (
 
 # Set by rehearse_on_one_gpu in this process: the one GPU every rank computes on.
 _rehearsal_device: torch.device | None = None
-# NVLink multicast stays off wherever a rank may touch symmetric memory (it can take a shared host's GPUs
-# out of service); set in the environment before the first allocation.
-_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @contextlib.contextmanager
@@ -147,7 +146,7 @@ def rehearse_on_one_gpu(device: int | str | torch.device = 0) -> torch.device:
         raise ValueError(f"device: a rehearsal runs on a CUDA device, got {str(device)!r} (e.g. 0 or 'cuda:0')")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    for key, value in _MULTICAST_OFF.items():
+    for key, value in MULTICAST_OFF.items():
         os.environ.setdefault(key, value)
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     torch.cuda.set_device(device)
@@ -239,7 +238,7 @@ def maybe_enable_symm_mem(group: dist.ProcessGroup | None = None) -> tuple[bool,
     is_enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
     if enable is None:
         return False, f"torch {torch.__version__} has no enable_symm_mem_for_group"
-    for key, value in _MULTICAST_OFF.items():  # before the first symmetric-memory allocation
+    for key, value in MULTICAST_OFF.items():  # off wherever a rank may touch symmetric memory, before its first allocation
         os.environ.setdefault(key, value)
     name = group.group_name
     try:

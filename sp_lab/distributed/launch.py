@@ -106,13 +106,17 @@ _POLL_S = 0.25
 _RENDEZVOUS_ATTEMPTS = 2
 
 
-def _check_launch_args(fn: Any, args: tuple, kwargs: dict[str, Any], world_size: Any, timeout: Any) -> None:
+def _check_launch_args(fn: Any, world_size: Any, timeout: Any) -> None:
     if not callable(fn):
         raise TypeError(f"launch() needs a callable to run on every rank, got {type(fn).__name__} {fn!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int (number of ranks), got {world_size!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def _check_fn_takes(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    """``fn`` can be called with ``args`` and ``kwargs``: refused here, once, rather than from every rank."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C callable without one: the ranks find out
@@ -120,7 +124,7 @@ def _check_launch_args(fn: Any, args: tuple, kwargs: dict[str, Any], world_size:
     signature = signature.replace(return_annotation=inspect.Signature.empty)
     try:
         signature.bind(*args, **kwargs)
-    except TypeError as error:  # here, once, rather than from every rank after it started
+    except TypeError as error:
         name = getattr(fn, "__qualname__", repr(fn))
         raise TypeError(f"launch(): {name}{signature} cannot take the arguments given ({error})") from None
 
@@ -209,8 +213,9 @@ def launch(
 
     Worker processes are always cleaned up: on success, on error, on timeout and on Ctrl-C.
     """
-    _check_launch_args(fn, args, kwargs, world_size, timeout)
+    _check_launch_args(fn, world_size, timeout)
     check_before_launch(args, kwargs, world_size)
+    _check_fn_takes(fn, args, kwargs)
     backend = resolve_backend(backend, world_size)
     deadline = time.monotonic() + timeout
     for _ in range(_RENDEZVOUS_ATTEMPTS - 1):
@@ -364,7 +369,7 @@ def _to_cpu(value: Any) -> Any:
     return tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), value)
 
 
-def _send_error(results: Connection, rank: int, error: BaseException, context: str = "", stage: str = "run") -> None:
+def _send_error(results: Connection, error: BaseException, context: str = "", stage: str = "run") -> None:
     tb = traceback.format_exc()
     try:
         text = str(error)
@@ -396,7 +401,7 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
             recreate_custom_ops(cloudpickle.load(file))  # first: loading the job may look the ops up
             job: Job = cloudpickle.load(file)
     except BaseException as error:  # noqa: BLE001 - reported to the caller, which raises it
-        _send_error(results, rank, error, context="could not load the function and its arguments: ")
+        _send_error(results, error, context="could not load the function and its arguments: ")
         _exit_now(1)
 
     try:
@@ -418,13 +423,13 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
             store=store,
         )
     except BaseException as error:  # noqa: BLE001 - nothing of the user's ran: the caller may start us again
-        _send_error(results, rank, error, stage="rendezvous")
+        _send_error(results, error, stage="rendezvous")
         _exit_now(1)
 
     try:
         result = job.fn(*job.args, **job.kwargs)
     except BaseException as error:  # noqa: BLE001 - SystemExit / KeyboardInterrupt in fn are failures too
-        _send_error(results, rank, error)
+        _send_error(results, error)
         _exit_now(1)  # no group teardown: peers may be stuck in a collective; the caller kills them
 
     try:
@@ -432,7 +437,6 @@ def _spawned_worker_main(argv: Sequence[str]) -> None:
     except BaseException as error:  # noqa: BLE001 - reported to the caller, which raises it
         _send_error(
             results,
-            rank,
             error,
             context=f"the result of rank {rank} ({type(result).__name__}) cannot be sent back: results "
             "must be picklable (numbers, strings, tensors, dicts/lists of them, dataclasses); ",

@@ -34,12 +34,8 @@ __all__ = [
 #   default). gloo's mesh can be complete on one rank while a peer still reads its end of the handshake; a rank
 #   whose function needs no collective then finished, exited and closed its connections, and the peer failed
 #   with "Connection closed by peer" (seen under load on 2 cores, on both starts of one launch).
-RANK_ENV_DEFAULTS = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "TORCH_DIST_INIT_BARRIER": "1",
-}
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+RANK_ENV_DEFAULTS = {**MULTICAST_OFF, "TORCH_DIST_INIT_BARRIER": "1"}
 
 # Backends a rank of launch() cannot use, and what to do instead.
 _UNLAUNCHABLE = {
