@@ -541,12 +541,14 @@ def _fill_defaults(args: argparse.Namespace) -> None:
     if getattr(args, "store", False) is None and args.command != "run":  # run: OUT/sweeps
         args.store = default_store()
     if getattr(args, "vllm_release", False) is None:
-        from sp_lab.vllm_releases import target_release
+        from sp_lab.vllm_releases import DEFAULT_RELEASE, installed_release, target_release
 
         try:
-            args.vllm_release = target_release()
+            target_release()  # the installed vLLM, checked before any work
         except KeyError as e:
-            raise CliError(e.args[0].replace("vllm_release= (CLI: --vllm-release)", "--vllm-release")) from None
+            raise CliError(f"{e.args[0]}; name a release to write for with --vllm-release") from None
+        # As installed (0.19.1+cu128): the export's notes then say how the table read it.
+        args.vllm_release = installed_release() or DEFAULT_RELEASE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

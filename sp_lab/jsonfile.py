@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import errno
 import json
 import types
 import typing
@@ -23,6 +24,11 @@ __all__ = ["TypedJSON", "json_kind", "read_json", "type_name"]
 
 # JSON text a user may paste: an object or an array (an array is then refused by the caller, with its type).
 _JSON_STARTS = ("{", "[")
+
+
+def _neither(text: str, what: str) -> str:
+    return (f"{what}: {text[:40]!r}{'...' if len(text) > 40 else ''} is neither JSON text (which starts with '{{' or "
+            "'[') nor the path of a file")
 
 
 def read_json(path_or_text: str | Path, *, what: str, error: type[Exception] = ValueError) -> Any:
@@ -37,16 +43,14 @@ def read_json(path_or_text: str | Path, *, what: str, error: type[Exception] = V
     if isinstance(path_or_text, str) and path_or_text.lstrip()[:1] in _JSON_STARTS:
         return _parse(path_or_text, source=f"{what} text", error=error)
     if isinstance(path_or_text, str) and not _could_be_a_path(path_or_text):
-        raise error(
-            f"{what}: {path_or_text[:40]!r}{'...' if len(path_or_text) > 40 else ''} is neither JSON text "
-            "(which starts with '{' or '[') nor the path of a file"
-        )
+        raise error(_neither(path_or_text, what))
     path = Path(path_or_text)
     try:
         is_file = path.is_file()
-    except OSError:  # a name the filesystem refuses (a component over 255 bytes): text, not a path
-        raise error(f"{what}: {str(path_or_text)[:40]!r}... is neither JSON text (which starts with '{{' or '[') "
-                    "nor the path of a file") from None
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        raise error(_neither(str(path_or_text), what)) from None  # longer than any file name: text, not a path
     if not is_file:
         raise FileNotFoundError(
             f"no such {what} file: {str(path)!r} (pass a path to an existing file or JSON text)"

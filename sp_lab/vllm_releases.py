@@ -105,7 +105,7 @@ class VllmRelease:
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?((?:[.-]?(?:a|b|rc|post|dev)\d*)*)(\+[0-9A-Za-z._-]+)?")
 """A PEP 440 release as vLLM's wheels and ``pip`` spell it: ``0.19.1``, ``0.18`` (a minor), ``0.20.0.dev5+g1a2b``,
-``0.18.1.post1``, ``0.19.1+cu128``, ``0.10.1rc1`` (packaging is not a dependency; this is all sp_lab needs)."""
+``0.18.1.post1``, ``0.19.1+cu128``, ``0.12.0rc1`` (packaging is not a dependency; this is all sp_lab needs)."""
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -135,7 +135,7 @@ def resolve_release(version: str) -> tuple[VllmRelease, str | None]:
     may have renamed or removed fields) -- is a ``KeyError`` naming the supported range.
     """
     table = releases()
-    text = str(version).strip()
+    text = str(version).strip().removeprefix("v")  # a git tag's spelling, v0.19.1
     if text in table:
         return table[text], None
     match = _VERSION.fullmatch(text)
@@ -176,16 +176,15 @@ def _minors() -> list[str]:
 def target_release(version: str | None = None) -> str:
     """The table version an export is written for: ``version``'s, else the installed vLLM's, else the newest known.
 
-    ``KeyError`` (the supported range, and how to name another release) where the installed vLLM is outside
-    the table: a file written for a release the table has never read would describe another one.
+    ``KeyError`` (the supported range) where the installed vLLM is outside the table: a file written for a
+    release the table has never read would describe another one. Callers add how to name another release.
     """
     if version is not None:
         return resolve_release(version)[0].version
     try:
         return installed_table_release() or DEFAULT_RELEASE
     except KeyError as e:
-        raise KeyError(f"the installed vLLM: {e.args[0]}; name a release to write for with vllm_release= (CLI: "
-                       "--vllm-release)") from None
+        raise KeyError(f"the installed vLLM: {e.args[0]}") from None
 
 
 def installed_table_release() -> str | None:

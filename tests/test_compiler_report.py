@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sympy
 import torch
 
 import sp_lab
 from sp_lab.compiler import capture, inspection
 from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, guard_inputs
 from sp_lab.compiler.passes import post_grad
+from sp_lab.compiler.passes.sequence_parallel import padded_shard_rows
 from sp_lab.compiler.ranges import CompileRange
 from sp_lab.compiler.report import (
     CompileReport,
@@ -151,6 +153,11 @@ def test_a_padded_fp8_shard_is_recorded_with_the_calls_rows():
     for t in residuals:
         assert t.shape_after[0] != t.shape_before[0] and t.shape_before[1:] == t.shape_after[1:] == (hidden,)
         assert t.bytes_per_token_after == hidden * 2 / TP  # bf16 rows, one tp-th of them per rank
+        # The size the pass built into the graph is padded_shard_rows (the records' one formula) at every count.
+        rows = sympy.sympify(t.shape_after[0])
+        (n,) = rows.free_symbols
+        assert [int(rows.subs(n, count)) for count in range(1, 40)] == [
+            padded_shard_rows(count, TP, 4) for count in range(1, 40)]
 
 
 # -- records the passes fill ------------------------------------------------------------------------------------

@@ -309,8 +309,9 @@ def test_dtype_is_a_model_dtype_given_by_name_or_torch_dtype():
     assert by_name.lm_head.weight.dtype == torch.bfloat16
     assert torch.equal(by_name(_ids(5, 256)), models.build("toy", dtype=torch.bfloat16)(_ids(5, 256)))
     assert models.build("toy", dtype="torch.float16", device="meta").lm_head.weight.dtype == torch.float16
+    assert models.build("toy", dtype="half", device="meta").lm_head.weight.dtype == torch.float16  # torch's alias
     with pytest.raises(ValueError, match=r"dtype=torch.int32 is not a model dtype; use one of \['float32', "
-                                         r"'bfloat16', 'float16', 'float64'\]"):
+                                         r"'bfloat16', 'float16'\]"):
         models.build("toy", dtype=torch.int32)
     with pytest.raises(ValueError, match="dtype='bf16' is not a model dtype"):
         models.build("toy", dtype="bf16")

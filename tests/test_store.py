@@ -20,6 +20,7 @@ from sp_lab.bench.store import (
     ROW_SCHEMA,
     SCHEMA_VERSION,
     CorruptPartError,
+    NewerSchemaError,
     SweepStore,
     normalize_rows,
 )
@@ -210,6 +211,26 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
     assert df["row_id"].is_unique().all()
 
 
+@pytest.mark.parametrize("extra_column", [True, False], ids=["new-column", "same-columns"])
+def test_a_part_of_a_newer_schema_is_refused_and_never_quarantined(tmp_path, extra_column):
+    store = SweepStore(tmp_path)
+    store.append([make_row(1)])
+    newer = store.append([make_row(2)])
+    frame = pl.read_parquet(newer).with_columns(schema_version=pl.lit(SCHEMA_VERSION + 1, pl.Int32))
+    if extra_column:
+        frame = frame.with_columns(added_later=pl.lit(1.5))
+    frame.write_parquet(newer)
+    store.append([make_row(3)])
+    wanted = f"written by a newer sp_lab \\(schema v{SCHEMA_VERSION + 1}; this one reads up to v{SCHEMA_VERSION}\\)"
+    for read in (store.read, lambda: store.read(skip_corrupt=True), store.done_keys,
+                 lambda: store.read_new(set()), store.compact):
+        with pytest.raises(NewerSchemaError, match=wanted + ": upgrade sp_lab") as err:
+            read()
+        assert err.value.path == newer
+    assert newer.exists() and not (tmp_path / QUARANTINE_DIR).exists()
+    assert len(store.parts()) == 3  # compact refused too, and removed nothing
+
+
 def test_compact_merges_parts_and_keeps_every_row_once(tmp_path):
     store = SweepStore(tmp_path)
     for t in range(1, 6):
@@ -230,6 +251,83 @@ def test_readers_drop_duplicates_left_by_an_interrupted_compaction(tmp_path):
     store.append(store.read())
     assert len(store.parts()) == 3
     assert store.read()["num_tokens"].sort().to_list() == [1, 2]
+
+
+def _compact_after_first_listing(monkeypatch, store: SweepStore) -> None:
+    """Make the next ``store.parts()`` return its listing and then compact the store, as a compaction running
+    beside a reader does between the reader's listing and its reading: the listed parts are gone, their rows
+    are in a merged part that listing did not see."""
+    listing = SweepStore.parts
+    fired = []
+
+    def parts_then_compact(self):
+        listed = listing(self)
+        if not fired:
+            fired.append(True)
+            assert self.compact() is not None
+        return listed
+
+    monkeypatch.setattr(SweepStore, "parts", parts_then_compact)
+
+
+def test_read_new_beside_a_compaction_lists_again_and_returns_every_row_once(tmp_path, monkeypatch):
+    store = SweepStore(tmp_path)
+    for t in (1, 2, 3):
+        store.append([make_row(t)])
+    seen: set[Path] = set()
+    _compact_after_first_listing(monkeypatch, store)
+    new = store.read_new(seen)
+    assert sorted(new["num_tokens"].to_list()) == [1, 2, 3]  # none lost, none twice
+    assert seen == set(store.parts()) and len(seen) == 1  # the merged part, whose rows were returned
+    assert store.read_new(seen).height == 0
+    store.append([make_row(4)])
+    assert store.read_new(seen)["num_tokens"].to_list() == [4]
+
+
+def test_claim_points_beside_a_compaction_sees_the_points_already_done(tmp_path, monkeypatch):
+    store = SweepStore(tmp_path)
+    store.append([make_row(8)])
+    store.append([make_row(16)])
+    keys = {"a": tuple(make_row(8)[c] for c in KEY_COLUMNS), "b": tuple(make_row(16)[c] for c in KEY_COLUMNS)}
+    seen: set[Path] = set()
+    done: set[tuple] = set()
+    # the claims list nothing; the first listing is read_new's
+    _compact_after_first_listing(monkeypatch, store)
+    claims = store.claim_points(keys, seen, done)
+    assert claims == {} and done == set(keys.values())
+
+
+def test_read_part_by_part_beside_a_compaction_lists_again(tmp_path, monkeypatch):
+    store = SweepStore(tmp_path)
+    for t in (1, 2):
+        store.append([make_row(t)])
+    # a foreign part sends the read down the part-by-part path, where the vanished parts are met
+    pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "part-0-foreign.parquet")
+    read_each = SweepStore._read_each
+    fired = []
+
+    def compact_then_read_each(self, paths, **kwargs):
+        if not fired:  # the fast read failed on the foreign part; now a compaction removes the listed rows' parts
+            fired.append(True)
+            rows = [q for q in paths if "foreign" not in q.name]
+            self.append(self.read(parts=rows))
+            for q in rows:
+                q.unlink()
+        return read_each(self, paths, **kwargs)
+
+    monkeypatch.setattr(SweepStore, "_read_each", compact_then_read_each)
+    with pytest.warns(UserWarning, match="moved corrupt part"):
+        rows = store.read(skip_corrupt=True)
+    assert sorted(rows["num_tokens"].to_list()) == [1, 2]
+
+
+def test_read_of_given_parts_that_vanished_raises(tmp_path):
+    store = SweepStore(tmp_path)
+    store.append([make_row(1)])
+    part = store.append([make_row(2)])
+    part.unlink()
+    with pytest.raises(FileNotFoundError):
+        store.read(parts=store.parts() + [part])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -545,6 +545,18 @@ def test_rounds_stop_when_the_intervals_are_narrow_or_the_budget_ends(tmp_path):
         run_sweep("stand-in", store_dir=tmp_path / "c", repeats=6, max_repeats=2, **common)
 
 
+
+def test_a_sweep_of_fewer_than_six_rounds_stores_no_interval(tmp_path):
+    """The range of fewer than 6 calls is no 95% interval: the rounds do not stop on it and the row stores none."""
+    store_dir = tmp_path / "s"
+    result = run_sweep("stand-in", store_dir=store_dir, token_counts=[4], config=LabConfig(tp_size=1),
+                       variants=["baseline"], warmup=0, repeats=3, max_repeats=5, ci_width=math.inf, progress=False,
+                       build_fn=stand_in_build, compile_fn=stand_in_compile)
+    row = result.rows[0]
+    assert row["repeats"] == 5 and "max_repeats=5 reached" in row["note"] and "intervals within" not in row["note"]
+    stored = SweepStore(store_dir).read()
+    assert stored["ci_low_us"].to_list() == [None] and stored["ci_high_us"].to_list() == [None]
+
 def test_the_stop_rule_reads_the_intervals_of_every_variant():
     """The decision itself, on given samples (deterministic): narrow intervals stop, one wide variant goes on."""
     from sp_lab.bench.interleave import StopRule

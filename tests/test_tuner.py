@@ -280,23 +280,24 @@ def test_recorded_rows_replay_as_replayed_and_a_live_sweep_never_merges_with_the
     assert set(tuner.state.snapshot()["device_name"]) == {"cpu: test"}
 
 
-def test_a_resumed_sweep_shows_this_machines_stored_rows_only(tmp_path, monkeypatch):
-    """A rerun measures nothing new and shows the store's rows of its setup: those measured on this machine, not
-    another machine's measured rows in a store they share."""
-    import socket
-
+def test_a_resumed_sweep_shows_the_stored_rows_it_skipped_and_no_other_devices(tmp_path, monkeypatch):
+    """A rerun measures nothing new and shows the store's rows of its setup: those of the device and backend it ran
+    on (the resume key's columns: another host with the same device counts as done, so it is shown), never another
+    device's measured rows in a store they share."""
     from test_cli import curve_rows
 
     import sp_lab.bench.sweep
     from sp_lab.bench.store import SweepStore
 
     store = tmp_path / "shared"
-    SweepStore(store).append(curve_rows(hostname=socket.gethostname())
+    SweepStore(store).append(curve_rows(hostname="this-box")[:6] + curve_rows(hostname="twin-box")[6:]
                              + curve_rows(hostname="another-box", device_name="cpu: another box"))
     tuner = tune("toy", tp=2, token_counts=[1, 4, 16, 64, 256], variants=["baseline", "sp+async_tp"],
                  store_dir=str(store), export_dir=tmp_path)
     monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", lambda model, **kwargs: type(
-        "Result", (), {"rows": [], "skipped": 10, "store_dir": str(store)})())
+        "Result", (), {"rows": [], "skipped": 10, "store_dir": str(store), "device_name": "cpu: test",
+                       "backend": "gloo"})())
     tuner.run_sweep()
     shown = tuner.state.snapshot()
-    assert shown.height == 10 and set(shown["hostname"]) == {socket.gethostname()}
+    assert shown.height == 10 and set(shown["device_name"]) == {"cpu: test"}
+    assert set(shown["hostname"]) == {"this-box", "twin-box"}

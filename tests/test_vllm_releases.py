@@ -201,8 +201,7 @@ def test_the_target_release_is_the_installed_vllms_resolved_early(monkeypatch):
     assert target_release() == "0.19.1" and target_release("0.31") == "0.31.0"  # a named release wins
     monkeypatch.setattr(V, "installed_release", lambda: "0.10.2")
     with pytest.raises(KeyError, match=r"the installed vLLM: unknown vLLM release '0.10.2'.*supported: 0\.11\.0 to "
-                                       r"0\.34\.0.*name a release to write for with vllm_release= "
-                                       r"\(CLI: --vllm-release\)"):
+                                       r"0\.34\.0"):
         target_release()
     assert target_release("0.31.0") == "0.31.0"  # naming one needs no installed vLLM the table knows
 
@@ -268,3 +267,23 @@ def test_export_validates_with_the_installed_vllm():
             parsed = TypeAdapter(CompilationConfig).validate_json(json.dumps(obj))
             for key, value in obj.get("pass_config", {}).items():
                 assert getattr(parsed.pass_config, key) == value
+
+
+def test_a_file_written_for_a_build_says_how_the_table_read_it(tmp_path, monkeypatch):
+    """An export for a build the table lacks (asked for, or installed) carries the note that it was read as the
+    table's release of its minor, in the file itself, not only on the CLI's stderr."""
+    import polars as pl
+    from test_cli import curve_rows
+
+    import sp_lab.tuning.export as E
+    import sp_lab.vllm_releases as V
+
+    rows = pl.DataFrame(curve_rows())
+    config = LabConfig(tp_size=2, async_tp_min_tokens=64)
+    for asked, installed in (("0.19.0+cu128", None), (None, "0.19.1+cu128")):
+        for module in (V, E):
+            monkeypatch.setattr(module, "installed_release", lambda installed=installed: installed)
+        path = E.export_config(rows, config, tmp_path / str(asked), chosen_in="test", vllm_release=asked)
+        vllm = json.loads(path.read_text())["vllm"]
+        assert vllm["release"] == "0.19.1", vllm["release"]
+        assert any("read as 0.19.1" in note for note in vllm["notes"]), vllm["notes"]

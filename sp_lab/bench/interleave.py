@@ -4,7 +4,9 @@ A sweep that measured each variant in a block of calls, minutes apart, compared 
 much as the variants. :func:`interleave` calls each variant in turn (one timed call per variant per
 round, the order rotated by one every round), takes the slowest rank's time for each call (the ranks
 start every call together), and goes on until the 95% interval of every variant's median is within a
-stated fraction of it, or the time share of this token count is spent (:class:`StopRule`).
+stated fraction of it, or the time share of this token count is spent (:class:`StopRule`). Fewer than
+:data:`~sp_lab.bench.timing.MIN_CI_SAMPLES` calls have no 95% interval: rows then record none, and the rounds
+never stop on one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.timing import CallSampler, median_ci
+from sp_lab.bench.timing import MIN_CI_SAMPLES, CallSampler, median_ci
 
 CI_LEVEL = 0.95
 """Confidence level of the interval recorded around every median (``ci_low_us`` / ``ci_high_us``)."""
@@ -44,11 +46,12 @@ class PointTiming:
     note: str
     """Timing fallbacks (e.g. why CUDA-graph capture failed) and why the rounds stopped."""
 
-    def summary(self) -> dict[str, float]:
-        """median, p10, p90 and the median's 95% interval, as row columns."""
+    def summary(self) -> dict[str, float | None]:
+        """median, p10, p90 and the median's 95% interval, as row columns; the interval is ``None`` (null)
+        below :data:`~sp_lab.bench.timing.MIN_CI_SAMPLES` samples, which have none."""
         ordered = sorted(self.samples_us)
         deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
-        lo, hi = median_ci(ordered, CI_LEVEL)
+        lo, hi = median_ci(ordered, CI_LEVEL) if len(ordered) >= MIN_CI_SAMPLES else (None, None)
         return {"latency_us": statistics.median(ordered), "p10_us": deciles[0], "p90_us": deciles[-1],
                 "ci_low_us": lo, "ci_high_us": hi}
 
@@ -75,16 +78,20 @@ class StopRule:
         n = min(len(s) for s in samples.values())
         if n < self.repeats:
             return None
-        widths = []
-        for s in samples.values():
-            lo, hi = median_ci(s, CI_LEVEL)
-            widths.append((hi - lo) / statistics.median(s))
-        if max(widths) <= self.ci_width:
-            return f"intervals within {self.ci_width:.0%} of the medians after {n} rounds"
+        if n >= MIN_CI_SAMPLES:
+            widths = []
+            for s in samples.values():
+                lo, hi = median_ci(s, CI_LEVEL)
+                widths.append((hi - lo) / statistics.median(s))
+            if max(widths) <= self.ci_width:
+                return f"intervals within {self.ci_width:.0%} of the medians after {n} rounds"
+            spread = f"widest interval {max(widths):.0%} of its median"
+        else:  # the range of fewer samples is no 95% interval: never stop on it, never report it as one
+            spread = f"too few rounds for a {CI_LEVEL:.0%} interval (fewer than {MIN_CI_SAMPLES})"
         if n >= self.max_repeats:
-            return f"max_repeats={self.max_repeats} reached; widest interval {max(widths):.0%} of its median"
+            return f"max_repeats={self.max_repeats} reached; {spread}"
         if share_s is not None and elapsed_s >= share_s:
-            return f"time budget spent after {n} rounds; widest interval {max(widths):.0%} of its median"
+            return f"time budget spent after {n} rounds; {spread}"
         return None
 
 

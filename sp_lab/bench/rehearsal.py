@@ -114,8 +114,8 @@ def rehearse_numerics(
     gloo ranks in rehearsal mode, each building its shard of the same random model (``seed``) and compiling
     it with SP + AsyncTP from ``async_tp_min_tokens`` on. Returns one row per boundary and token count.
 
-    Raises RuntimeError without CUDA; ValueError for unknown boundaries or token counts outside
-    ``1..max(token_counts)``; :class:`sp_lab.distributed.launch.RankError` if a rank fails outside a compile.
+    Raises RuntimeError without CUDA; ValueError for unknown boundaries or none, and for no token counts or one
+    below 1; :class:`sp_lab.distributed.launch.RankError` if a rank fails outside a compile.
     """
     from sp_lab.distributed.launch import launch
     from sp_lab.models import build

@@ -42,7 +42,7 @@ import socket
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -157,6 +157,29 @@ class ForeignPartError(ValueError):
             f"{path.parent}, or read with skip_corrupt=True (CLI: --skip-corrupt) to move it to "
             f"{path.parent / QUARANTINE_DIR}/."
         )
+
+
+class NewerSchemaError(RuntimeError):
+    """A part of the store was written by a newer sp_lab (``schema_version`` above :data:`SCHEMA_VERSION`).
+
+    Never quarantined, whatever ``skip_corrupt`` says: the part is sound, this sp_lab is too old to read it, and
+    moving it aside would make its rows vanish for every reader, the newer ones included.
+    """
+
+    def __init__(self, path: Path, version: int):
+        self.path, self.version = path, version
+        super().__init__(
+            f"sweep store part {path} was written by a newer sp_lab (schema v{version}; this one reads up to "
+            f"v{SCHEMA_VERSION}): upgrade sp_lab. The part was left in place."
+        )
+
+
+def newer_schema_version(frame: pl.DataFrame) -> int | None:
+    """The largest ``schema_version`` of ``frame`` when it is above :data:`SCHEMA_VERSION`, else ``None``."""
+    if "schema_version" not in frame.columns or not frame.schema["schema_version"].is_integer():
+        return None
+    newest = frame["schema_version"].max()
+    return int(newest) if newest is not None and newest > SCHEMA_VERSION else None
 
 
 def schema_problems(schema: Mapping[str, pl.DataType]) -> list[str]:
@@ -318,26 +341,36 @@ class SweepStore:
 
         A part that cannot be read raises :class:`CorruptPartError` naming it, a part whose columns are
         not :data:`ROW_SCHEMA`'s :class:`ForeignPartError` naming it and the differing columns; with
-        ``skip_corrupt=True`` either part is moved to ``quarantine/`` with a warning and reading goes on.
+        ``skip_corrupt=True`` either part is moved to ``quarantine/`` with a warning and reading goes on. A part
+        written by a newer sp_lab (``schema_version`` above :data:`SCHEMA_VERSION`) raises
+        :class:`NewerSchemaError` and is never quarantined.
         ``parts`` restricts the read to those files (see :meth:`read_new`).
         """
         for _attempt in range(3):
             paths = self.parts() if parts is None else list(parts)
             if not paths:
                 return pl.DataFrame(schema=ROW_SCHEMA)
+            vanished: FileNotFoundError | None = None
             try:
                 df = pl.scan_parquet(paths).collect()
-                if schema_problems(df.schema):
+                if schema_problems(df.schema) or newer_schema_version(df) is not None:
                     # some part differs (the fast path took the first part's schema): find and name it
                     raise pl.exceptions.SchemaError("a part's schema differs from ROW_SCHEMA")
-            except FileNotFoundError:
-                # a compaction removed a part between listing and reading: list again
-                if parts is not None:
-                    raise
-                continue
+            except FileNotFoundError as e:
+                vanished = e
             except (pl.exceptions.PolarsError, OSError):
                 # the fast path failed: read part by part to name (and maybe quarantine) the culprit
-                df = self._read_each(paths, skip_corrupt=skip_corrupt)
+                try:
+                    df = self._read_each(paths, skip_corrupt=skip_corrupt)
+                except FileNotFoundError as e:
+                    vanished = e
+            if vanished is not None:
+                # A compaction removed a part between listing and reading. Its rows are in the merged part,
+                # which may be newer than the listing, so skipping the part could lose them: list again
+                # (read_new does so for a given ``parts``).
+                if parts is not None:
+                    raise vanished
+                continue
             return self._dedupe(df)
         raise RuntimeError(f"sweep store {self.path} kept changing while being read (concurrent compaction?)")
 
@@ -347,13 +380,16 @@ class SweepStore:
             try:
                 frame = pl.read_parquet(p)
             except FileNotFoundError:
-                continue  # compacted away meanwhile; its rows live in the compacted part
+                raise  # compacted away meanwhile: the caller lists again (see read)
             except (pl.exceptions.PolarsError, OSError) as e:
                 err = CorruptPartError(p, e)
                 if not skip_corrupt:
                     raise err from e
                 self.quarantine(p, reason=str(err))
                 continue
+            version = newer_schema_version(frame)
+            if version is not None:
+                raise NewerSchemaError(p, version)  # whatever skip_corrupt says: the part is sound
             problems = schema_problems(frame.schema)
             if problems:
                 if not skip_corrupt:
@@ -375,12 +411,23 @@ class SweepStore:
         return df.unique(subset="row_id", keep="first", maintain_order=True)
 
     def read_new(self, seen: set[Path], *, skip_corrupt: bool = True) -> pl.DataFrame:
-        """Rows of parts not in ``seen`` (which is updated): for watching a sweep from another process."""
-        new = [p for p in self.parts() if p not in seen]
-        if not new:
-            return pl.DataFrame(schema=ROW_SCHEMA)
-        seen.update(new)
-        return self.read(parts=new, skip_corrupt=skip_corrupt)
+        """Rows of parts not in ``seen`` (which is updated): for watching a sweep from another process.
+
+        A part that a concurrent :meth:`compact` removed between listing and reading is not skipped (its rows
+        are in a merged part, perhaps not listed yet): the parts not in ``seen`` are listed again and read
+        again. ``seen`` gains only parts whose rows were returned.
+        """
+        for _attempt in range(3):
+            new = [p for p in self.parts() if p not in seen]
+            if not new:
+                return pl.DataFrame(schema=ROW_SCHEMA)
+            try:
+                df = self.read(parts=new, skip_corrupt=skip_corrupt)
+            except FileNotFoundError:
+                continue  # compacted away meanwhile: list again
+            seen.update(new)
+            return df
+        raise RuntimeError(f"sweep store {self.path} kept changing while being read (concurrent compaction?)")
 
     def quarantine(self, part: Path, *, reason: str = "") -> Path:
         """Move a (corrupt) part to ``quarantine/`` so that reads and resumes go on without it."""
@@ -506,7 +553,3 @@ class SweepStore:
             p.unlink(missing_ok=True)
         return merged
 
-
-def rows_to_frame(rows: Iterable[Mapping[str, object]]) -> pl.DataFrame:
-    """Convenience: rows (dicts) -> a DataFrame of :data:`ROW_SCHEMA`, validated."""
-    return normalize_rows(list(rows))

@@ -161,6 +161,10 @@ class SweepResult:
     """The ``sweep_id`` of the rows written by this call."""
     elsewhere: int = 0
     """Points a concurrent sweep of the same store claimed first and measured (never measured twice)."""
+    device_name: str = ""
+    """The device the sweep ran on, as its rows (and the resume key that skipped stored points) name it."""
+    backend: str = ""
+    """The process-group backend, likewise."""
 
     @property
     def fusion_missing(self) -> list[dict[str, Any]]:
@@ -285,6 +289,7 @@ def run_sweep(
         release_claims(claims)
         progress.close()
     return SweepResult(rows=written, skipped=plan.skipped, store_dir=str(store.path), sweep_id=sweep_id,
+                       device_name=base["device_name"], backend=base["backend"],
                        elsewhere=progress.elsewhere)
 
 
@@ -579,14 +584,12 @@ def _check_before_launch(model_name: str, world_size: int, token_counts: Sequenc
              args["max_repeats"], args["ci_width"], args["budget_s"], args["config"])
     _resolve_dtype(args["dtype"])
     if args["build_fn"] is None:
-        from sp_lab.models.registry import UnknownModelError, resolve_config
+        from sp_lab.models.registry import resolve_config
 
         spec = resolve_config(model_name, num_layers=args["num_layers"], **dict(args["model_overrides"] or {}))
         try:
             spec.check_tp_size(world_size)
         except ValueError as e:
-            if isinstance(e, UnknownModelError):
-                raise
             raise SweepArgumentError(str(e)) from None
 
 

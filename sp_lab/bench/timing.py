@@ -67,20 +67,30 @@ def _summarize(samples_us: list[float], *, method: str, note: str = "") -> Timin
     )
 
 
+MIN_CI_SAMPLES = 6
+"""Fewest samples that have a 95% interval of their median: the widest interval order statistics give, the
+range (min, max) of ``n`` samples, covers the median with probability ``1 - 2**(1 - n)`` only, 0% at one
+sample and 94% at five."""
+
+
 def median_ci(samples_us: list[float], level: float = 0.95) -> tuple[float, float]:
     """A distribution-free ``level`` confidence interval of the median of ``samples_us``.
 
     Order statistics: the median lies between the ``l``-th and ``u``-th smallest of ``n`` samples with
     probability ``level`` when ``l, u = n/2 -/+ z*sqrt(n)/2`` (the binomial(n, 1/2) normal approximation).
     Timing noise is skewed (a preempted call is 10x slower, never 10x faster), which is why the interval
-    is taken from the samples rather than from a mean and a standard deviation. Fewer than 6 samples give
-    ``(min, max)``.
+    is taken from the samples rather than from a mean and a standard deviation.
+
+    Fewer than :data:`MIN_CI_SAMPLES` samples give their range ``(min, max)``, which is *not* a 95%
+    interval (it covers the median with probability ``1 - 2**(1 - n)``: 0% for one sample, 94% for five):
+    callers that need one check ``len(samples_us) >= MIN_CI_SAMPLES`` first (a sweep row then stores no
+    interval, and :class:`sp_lab.bench.interleave.StopRule` never stops on it).
     """
     ordered = sorted(samples_us)
     n = len(ordered)
     if n == 0:
         raise ValueError("no timing samples: repeats must be >= 1")
-    if n < 6:
+    if n < MIN_CI_SAMPLES:
         return ordered[0], ordered[-1]
     z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
     half = z * math.sqrt(n) / 2

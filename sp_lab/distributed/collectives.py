@@ -238,7 +238,8 @@ def maybe_enable_symm_mem(group: dist.ProcessGroup | None = None) -> tuple[bool,
     is_enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
     if enable is None:
         return False, f"torch {torch.__version__} has no enable_symm_mem_for_group"
-    for key, value in MULTICAST_OFF.items():  # off wherever a rank may touch symmetric memory, before its first allocation
+    # Off wherever a rank may touch symmetric memory, before its first allocation.
+    for key, value in MULTICAST_OFF.items():
         os.environ.setdefault(key, value)
     name = group.group_name
     try:

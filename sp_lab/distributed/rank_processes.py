@@ -143,8 +143,9 @@ def _worker_env(rank: int, world_size: int, backend: str, store_port: int) -> di
 def start_worker(
     rank: int, world_size: int, backend: str, store_port: int, job_path: str, lifeline_fd: int, timeout: float
 ) -> Worker:
-    """Start one rank; ``timeout``: seconds its start may take (a fork server may still be importing torch),
-    past which :class:`TimeoutError`."""
+    """Start one rank. ``timeout``: seconds a forked rank's start may take (its fork server may still be importing
+    torch), past which :class:`TimeoutError`; a fresh interpreter (``SP_LAB_FORKSERVER=0``, a CUDA machine) starts
+    at once and imports on the launch's own clock."""
     read_fd, write_fd = os.pipe()
     env = _worker_env(rank, world_size, backend, store_port)
     try:

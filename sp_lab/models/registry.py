@@ -32,9 +32,9 @@ from sp_lab.resources import PRESET_DIR, load_preset, preset_names
 __all__ = ["MODEL_DTYPES", "PRESET_DIR", "UnknownModelError", "available", "build", "resolve_config",
            "resolve_dtype"]
 
-MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                "float64": torch.float64}
-"""The parameter and activation dtypes a model is built in (``build(dtype=...)``), by name. FP8 is not one of
+MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The parameter and activation dtypes a model is built in (``build(dtype=...)``), by name: those sp_lab's
+timings, rules and predictions know (:data:`sp_lab.tuning.predict.kernels.DTYPE_BYTES`). FP8 is not one of
 them: it is ``quant="fp8"`` on a bf16 model, as vLLM runs it (only the matmuls are FP8)."""
 
 
@@ -53,8 +53,9 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     ones, instead of failing inside ``torch.empty`` (a name) or at the first matmul (an integer dtype)."""
     if isinstance(dtype, torch.dtype) and dtype in MODEL_DTYPES.values():
         return dtype
-    if isinstance(dtype, str) and dtype.removeprefix("torch.") in MODEL_DTYPES:
-        return MODEL_DTYPES[dtype.removeprefix("torch.")]
+    named = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else None
+    if isinstance(named, torch.dtype) and named in MODEL_DTYPES.values():  # torch's names and aliases: "half"
+        return named
     fp8 = " (for FP8 matmuls pass quant='fp8' with dtype='bfloat16')" if "float8" in str(dtype) else ""
     raise ValueError(f"dtype={dtype!r} is not a model dtype; use one of {list(MODEL_DTYPES)} (a name or the "
                      f"torch.dtype){fp8}")

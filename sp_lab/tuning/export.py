@@ -36,6 +36,7 @@ from sp_lab.tuning.regret import regret_table, summarize
 from sp_lab.vllm_releases import (
     DEFAULT_RELEASE,
     closest_policy,
+    installed_release,
     installed_table_release,
     target_release,
     vllm_export,
@@ -180,7 +181,10 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
     try:  # before any work: an unknown release (or an installed vLLM the table cannot place) fails first
         release = target_release(vllm_release)
     except KeyError as e:
-        raise ConfigError(f"vLLM release: {e.args[0]}") from None
+        raise ConfigError(f"vLLM release: {e.args[0]}; name a release to write for with vllm_release=") from None
+    # The section is written for the release as named (a build, a patch the table lacks), so its notes say how
+    # the table read it; the file's vllm_release is the table's.
+    requested = vllm_release if vllm_release is not None else installed_release() or release
     row = rows.row(0, named=True)
     rows_hash = data_hash(rows)
     model_sp = model_sp_table(rows, config, matmul_rows=matmul_rows, data_hash=rows_hash)
@@ -194,7 +198,7 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
         data_hash=rows_hash,
         extra_provenance=provenance(rows, config, recommendation=recommendation, chosen_in=chosen_in),
         vllm_release=release,
-        sections={"vllm": vllm_section(rows, config, release), "model_sp": model_sp.to_dict(),
+        sections={"vllm": vllm_section(rows, config, requested), "model_sp": model_sp.to_dict(),
                   "torch_compile": torch_compile_section(config)},
     )
     function_path(path).write_text(model_sp.function_source())

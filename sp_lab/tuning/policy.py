@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from sp_lab.programs import REFERENCE_VARIANTS, Policy
-from sp_lab.tuning.regret import as_frame, best_per_token, complete_tokens, medians, regret_table, summarize
+from sp_lab.tuning.regret import as_frame, complete_tokens, medians, regret_table, summarize
 from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP, describe_threshold
 
 if TYPE_CHECKING:
@@ -270,7 +270,3 @@ def recommend(rows: pl.DataFrame | Sequence[Mapping], base: LabConfig, *, source
         best=policies[best_i], indistinguishable=tuple(policies[i] for i in close), second_threshold=second,
         candidates=candidates, n_boot=n_boot, noise_known=noise_known)
 
-
-def best_table(rows: pl.DataFrame | Sequence[Mapping], *, source: str | None = None) -> pl.DataFrame:
-    """``num_tokens, best_variant, best_us``: the fastest reference variant at each complete token count."""
-    return best_per_token(medians(rows, source=source, warn=False))

@@ -45,7 +45,8 @@ def as_report(report: ReportSource) -> CompileReport:
 
 
 def report_provenance(report: CompileReport) -> str:
-    """Where the report was compiled, in one line for a figure's title: ``"backend gloo · device cpu · torch 2.13.0"``.
+    """Where the report was compiled, in one line for a figure's title:
+    ``"backend gloo · device cpu · torch 2.13.0"``.
 
     Under the fake process group (one process, placeholder collectives) it starts with "fake process group: graphs
     only": its graphs and shapes are the real ones, its compile times those of one process, no collective ran.

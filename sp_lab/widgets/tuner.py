@@ -256,14 +256,13 @@ class TunerState:
         finally:
             self.running = False
         if result.skipped:  # points measured by an earlier run: shown too, so a rerun is not an empty plot
-            self._add_resumed_rows()
+            self._add_resumed_rows(result)
         return result
 
-    def _add_resumed_rows(self) -> None:
-        """Rows of this setup already in the store (model, tp, variants, token counts) measured on this machine,
-        not shown yet (a store shared with another machine holds its rows too: never merged with these)."""
-        import socket
-
+    def _add_resumed_rows(self, result: SweepResult) -> None:
+        """Rows of this setup already in the store (model, tp, variants, token counts) measured on the device and
+        backend the sweep ran on, not shown yet: the points the sweep skipped as done, by the resume key's own
+        columns (a store shared with other devices holds their rows too: never merged with these)."""
         from sp_lab.bench.store import SweepStore
 
         stored = SweepStore(self.store_dir).read(skip_corrupt=True)
@@ -272,7 +271,7 @@ class TunerState:
         mine = stored.filter(pl.col("model") == self.model, pl.col("tp") == self.tp,
                              pl.col("source") == MEASURED, pl.col("variant").is_in(list(self.variants)),
                              pl.col("num_tokens").is_in(list(self.token_counts)),
-                             pl.col("hostname") == socket.gethostname())
+                             pl.col("device_name") == result.device_name, pl.col("backend") == result.backend)
         if self.num_layers is not None:
             mine = mine.filter(pl.col("num_layers") == self.num_layers)
         shown = self.snapshot()

@@ -100,7 +100,8 @@ class SPResult:
         """The report's match counts of this rewrite: the sites by form, and what the boundary policy gathered
         (outputs and in-place copies) or erased."""
         counts = {CountKey(f"sp_{form}"): self.count(form) for form in ("first", "middle", "last")}
-        counts[CountKey.BOUNDARY_GATHER] = len(self.boundary.gathered_outputs) + len(self.boundary.copies_by("gathered"))
+        gathered = len(self.boundary.gathered_outputs) + len(self.boundary.copies_by("gathered"))
+        counts[CountKey.BOUNDARY_GATHER] = gathered
         counts[CountKey.BOUNDARY_ERASE] = len(self.boundary.copies_by("erased"))
         return counts
 

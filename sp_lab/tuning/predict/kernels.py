@@ -231,7 +231,7 @@ def _load_table_file(path: Path) -> tuple[pl.DataFrame, dict]:
                         "chunks": r.get("chunks", 1), "us": r["us"], "dtype": row_dtype})
     df = pl.DataFrame(out, schema={"m": pl.Int64, "n": pl.Int64, "k": pl.Int64, "variant": pl.Utf8,
                                    "chunks": pl.Int64, "us": pl.Float64, "dtype": pl.Utf8})
-    # Duplicate (shape, M) points from several files or models average out.
+    # Duplicate (shape, M) points from several files or models: their median is kept.
     key = ["m", "n", "k", "variant", "chunks", "dtype"]
     df = df.group_by(key).agg(pl.col("us").median()).sort(key)
     return df.with_columns(device_name=pl.lit(device), torch_version=pl.lit(torch_version),
@@ -276,10 +276,6 @@ class RooflineMatmul:
         """How memory-bound the matmul is: 1 when its operands' traffic sets its time, toward 0 when compute does."""
         compute, memory = self.parts_us(m, n, k, dtype_bytes)
         return min(1.0, memory / max(compute, memory))
-
-    def chunked_us(self, m: int, n: int, k: int, chunks: int) -> float:
-        """``chunks`` matmuls of ``m / chunks`` rows."""
-        return chunks * self.mm_us(max(1, m // chunks), n, k)
 
 
 def fit_roofline(table: MatmulTable, dtype: str = "bfloat16") -> RooflineMatmul:
