@@ -436,17 +436,37 @@ def _rank_timing():
     stop = StopRule(repeats=4, max_repeats=4, ci_width=1e-9, budget_s=None, points_left=1)
     rounds = interleave({"v": lambda: time.sleep(0.001 + 0.019 * dist.get_rank())}, device=torch.device("cpu"),
                         warmup=0, cuda_graph=False, stop=stop)
-    return timing, rounds["v"].samples_us
+    # ranks that timed differently (rank 0 replayed a CUDA graph, rank 1 fell back to eager calls, saying why)
+    import sp_lab.bench.interleave as interleave_module
+
+    class Fallback(interleave_module.CallSampler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if dist.get_rank() == 0:
+                self.method = "cuda_graph"
+            else:
+                self.note = "rank 1: graph capture failed"
+
+    real, interleave_module.CallSampler = interleave_module.CallSampler, Fallback
+    try:
+        stop = StopRule(repeats=2, max_repeats=2, ci_width=1e-9, budget_s=None, points_left=1)
+        mixed = interleave({"v": lambda: None}, device=torch.device("cpu"), warmup=0, cuda_graph=False, stop=stop)
+    finally:
+        interleave_module.CallSampler = real
+    return timing, rounds["v"].samples_us, (mixed["v"].method, mixed["v"].note)
 
 
 def test_latency_across_ranks_is_the_slowest_ranks_median():
-    (r0, samples0), (r1, samples1) = sp_lab.launch(_rank_timing, world_size=2, backend="gloo", timeout=60.0)
+    (r0, samples0, mixed0), (r1, samples1, mixed1) = sp_lab.launch(_rank_timing, world_size=2, backend="gloo",
+                                                                   timeout=60.0)
     assert r0 == r1  # every rank gets the same answer
     assert r0.median_us == max(r0.rank_medians_us) == r0.rank_medians_us[1] >= 5000
     assert r0.rank_medians_us[0] < 5000
     # interleaved sweeps keep the slowest rank's time of every call (rank 1 sleeps >= 20 ms), on every rank
     assert samples0 == samples1 and len(samples0) == 4
     assert min(samples0) >= 20_000, f"a recorded call is faster than the slowest rank: {samples0}"
+    # a row is timed as its weakest rank was, and says why, on every rank
+    assert mixed0 == mixed1 and mixed0[0] == "perf_counter" and "rank 1: graph capture failed" in mixed0[1]
 
 
 @pytest.mark.gpu

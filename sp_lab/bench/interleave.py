@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.timing import MIN_CI_SAMPLES, CallSampler, median_ci
+from sp_lab.bench.timing import MIN_CI_SAMPLES, CallSampler, median_ci, weakest_method
 
 CI_LEVEL = 0.95
 """Confidence level of the interval recorded around every median (``ci_low_us`` / ``ci_high_us``)."""
@@ -100,8 +100,9 @@ def interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.devic
     """Time ``calls`` (variant -> callable at one token count) in rotating turns until ``stop`` says so.
 
     Collective: every rank calls it with the same variants. Each round times one call of every variant,
-    the order shifted by one each round; the slowest rank's time per call is the step's. Rank 0's clock
-    and decision are broadcast, so every rank leaves the loop after the same round.
+    the order shifted by one each round; the slowest rank's time per call is the step's, and the weakest rank's
+    timing method is the row's (with every rank's fallback note). Rank 0's clock and decision are broadcast, so
+    every rank leaves the loop after the same round.
 
     A token count measured in batches (variants compiled one after the other) gives each batch ``share`` of
     what is left of its time budget; the last (``ends_point``) closes the token count.
@@ -127,8 +128,19 @@ def interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.devic
     stop.spent_s += time.monotonic() - start
     if ends_point:
         stop.points_left -= 1
-    return {v: PointTiming(samples_us=tuple(steps[v]), method=samplers[v].method,
-                           note="; ".join(n for n in (samplers[v].note, why) if n)) for v in names}
+    methods = _every_rank({v: (samplers[v].method, samplers[v].note) for v in names})
+    return {v: PointTiming(samples_us=tuple(steps[v]), method=weakest_method(m for m, _ in methods[v]),
+                           note="; ".join(n for n in (*sorted({n for _, n in methods[v] if n}), why) if n))
+            for v in names}
+
+
+def _every_rank(mine: dict[str, tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Per variant, every rank's (timing method, note): a row is timed as its weakest rank was."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return {v: [x] for v, x in mine.items()}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {v: [r[v] for r in everyone] for v in mine}
 
 
 def _slowest_rank(mine: dict[str, float]) -> dict[str, float]:

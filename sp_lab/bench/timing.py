@@ -20,12 +20,18 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 TIMING_METHODS = ("perf_counter", "cuda_events", "cuda_graph")
+
+
+def weakest_method(methods: Iterable[str]) -> str:
+    """The method a step's timing really had when its ranks timed their calls differently: the weakest (one rank
+    that could not capture a CUDA graph puts its eager host overhead into every step it takes part in)."""
+    return min(methods, key=TIMING_METHODS.index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,9 +305,7 @@ def reduce_across_ranks(timing: Timing, group: dist.ProcessGroup | None = None) 
     notes = sorted({t.note for t in gathered if t.note})
     return dataclasses.replace(
         slowest,
-        # if the ranks disagree (one captured a graph, another could not) report the weakest method:
-        # the step then really contains eager host overhead
-        method=min(methods, key=TIMING_METHODS.index),
+        method=weakest_method(methods),
         note="; ".join(notes),
         rank_medians_us=tuple(t.median_us for t in gathered),
     )
