@@ -128,25 +128,23 @@ def interleave(calls: Mapping[str, Callable[[], object]], *, device: torch.devic
     stop.spent_s += time.monotonic() - start
     if ends_point:
         stop.points_left -= 1
-    methods = _every_rank({v: (samplers[v].method, samplers[v].note) for v in names})
-    return {v: PointTiming(samples_us=tuple(steps[v]), method=weakest_method(m for m, _ in methods[v]),
-                           note="; ".join(n for n in (*sorted({n for _, n in methods[v] if n}), why) if n))
+    # A row is timed as its weakest rank was, with every rank's fallback note.
+    timed = every_rank({v: (samplers[v].method, samplers[v].note) for v in names})
+    return {v: PointTiming(samples_us=tuple(steps[v]), method=weakest_method(r[v][0] for r in timed),
+                           note="; ".join(n for n in (*sorted({r[v][1] for r in timed if r[v][1]}), why) if n))
             for v in names}
 
 
-def _every_rank(mine: dict[str, tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
-    """Per variant, every rank's (timing method, note): a row is timed as its weakest rank was."""
+def every_rank(mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order (this rank's alone without a group)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return {v: [x] for v, x in mine.items()}
+        return [mine]
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    return {v: [r[v] for r in everyone] for v in mine}
+    return everyone
 
 
 def _slowest_rank(mine: dict[str, float]) -> dict[str, float]:
-    """Per variant, the largest of the ranks' times for this round's call (identity without a group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return mine
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    """Per variant, the largest of the ranks' times for this round's call."""
+    everyone = every_rank(mine)
     return {v: max(r[v] for r in everyone) for v in mine}

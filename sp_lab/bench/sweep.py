@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, interleave
+from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, every_rank, interleave
 from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.bench.timing import check_counts
 from sp_lab.distributed.collectives import rehearsal_device
@@ -120,12 +120,7 @@ def _default_device(backend: str) -> torch.device:
 
 def _device_count(device: torch.device) -> int:
     """Distinct devices the ranks compute on (all ranks of a gloo CPU run share one host CPU)."""
-    mine = (socket.gethostname(), str(device))
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return len(set(everyone))
+    return len(set(every_rank((socket.gethostname(), str(device)))))
 
 
 class SweepArgumentError(ValueError):
