@@ -7,6 +7,7 @@ that only plots recorded data never pays for Inductor's start-up):
 - :func:`enable_sp_and_async_tp`, :class:`EffectiveConfig` (``sp_lab.effective``)
 - :class:`BoundaryStrategy` (``LabConfig.boundary``'s values, ``sp_lab.config``)
 - :func:`compile`, :class:`CompiledModel`, :class:`BoundaryError` (``sp_lab.compiler.backend``)
+- :class:`SharedCaptures`: one Dynamo capture for the compiles of a model's variants (``sp_lab.compiler.capture``)
 - :class:`CompileReport` (``sp_lab.compiler.report``; reading one needs no torch)
 - :func:`launch` (``sp_lab.distributed.launch``)
 - :func:`tune` (``sp_lab.widgets.tuner``)
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
     from sp_lab import models
     from sp_lab.compiler.backend import BoundaryError, CompiledModel, compile
+    from sp_lab.compiler.capture import SharedCaptures
     from sp_lab.compiler.report import CompileReport
     from sp_lab.config import BoundaryStrategy, ConfigError, LabConfig
     from sp_lab.distributed.launch import launch
@@ -38,6 +40,7 @@ _EXPORTS = {
     "compile": "sp_lab.compiler.backend",
     "CompiledModel": "sp_lab.compiler.backend",
     "BoundaryError": "sp_lab.compiler.backend",
+    "SharedCaptures": "sp_lab.compiler.capture",
     "CompileReport": "sp_lab.compiler.report",
     "launch": "sp_lab.distributed.launch",
     "tune": "sp_lab.widgets.tuner",
@@ -51,6 +54,7 @@ __all__ = [
     "ConfigError",
     "EffectiveConfig",
     "LabConfig",
+    "SharedCaptures",
     "compile",
     "enable_sp_and_async_tp",
     "launch",

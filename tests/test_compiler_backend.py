@@ -232,14 +232,16 @@ def _numerics_worker(cases) -> dict[str, Any]:
     """On each rank: every case compiled, called at its token counts and compared with the eager model."""
     rank = dist.get_rank()
     results = {}
+    shared: dict[tuple, sp_lab.SharedCaptures] = {}  # one model and one Dynamo capture per model's cases
     for case in cases:
         _, builder, overrides, inplace, boundary, mode, counts = case
-        torch._dynamo.reset()  # every case re-traces the same forward: stay below Dynamo's recompile limit
-        if builder == "plain":
-            model = FourNorms()
-        else:
-            model = sp_lab.models.build(builder, tp_rank=rank, tp_size=TP, residual_inplace=inplace, **overrides)
-        compiled = sp_lab.compile(model, config(boundary=boundary, compile_mode=mode))
+        key = (builder, tuple(overrides.items()), inplace)
+        if key not in shared:
+            model = FourNorms() if builder == "plain" else sp_lab.models.build(
+                builder, tp_rank=rank, tp_size=TP, residual_inplace=inplace, **overrides)
+            shared[key] = sp_lab.SharedCaptures(model)
+        model = shared[key].model
+        compiled = sp_lab.compile(model, config(boundary=boundary, compile_mode=mode), captures=shared[key])
         diffs = {}
         for n in counts:
             x = torch.randn(n, 32, generator=torch.Generator().manual_seed(n)) if builder == "plain" else _ids(n)

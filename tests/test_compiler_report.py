@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import sympy
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 import sp_lab
 from sp_lab.compiler import capture, inspection
@@ -55,20 +57,20 @@ def _config(boundary: str) -> sp_lab.LabConfig:
     return sp_lab.LabConfig(tp_size=TP, async_tp_min_tokens=8, max_num_tokens=64, boundary=boundary)
 
 
-def _inspect(label: str, boundary: str, token_counts: tuple[int, ...] = (12,)) -> sp_lab.CompiledModel:
-    preset, overrides = MODELS[label]
-    torch._dynamo.reset()
-    model = sp_lab.models.build(preset, tp_rank=0, tp_size=TP, device="meta", **overrides)
-    compiled = sp_lab.compile(model, _config(boundary))
-    for n in token_counts:
-        compiled(torch.arange(n, device="meta"))
-    return compiled
-
-
 @pytest.fixture(scope="module")
 def reports() -> dict[tuple[str, str], CompileReport]:
+    """Every model under every strategy, inspect-only at 12 tokens: one capture per model, shared by its
+    strategies."""
+    out = {}
     with fake_process_group(TP):
-        out = {(label, b): _inspect(label, b).report for label in MODELS for b in STRATEGIES}
+        for label, (preset, overrides) in MODELS.items():
+            torch._dynamo.reset()
+            model = sp_lab.models.build(preset, tp_rank=0, tp_size=TP, device="meta", **overrides)
+            shared = capture.SharedCaptures(model)
+            for boundary in STRATEGIES:
+                compiled = sp_lab.compile(model, _config(boundary), captures=shared)
+                compiled(torch.arange(12, device="meta"))
+                out[label, boundary] = compiled.report
     torch._dynamo.reset()
     return out
 
@@ -297,6 +299,111 @@ def test_compile_times_add_up_to_what_the_first_calls_cost(one_capture):
 
 def test_dynamo_recompile_limit_is_left_alone(one_capture):
     assert torch._dynamo.config.recompile_limit == 8
+
+
+# -- one capture for every variant of a model --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared_capture() -> dict[str, Any]:
+    """One toy compiled three ways with shared captures, each called at 12 and 3 tokens; a fourth compile with
+    another token dimension."""
+    with fake_process_group(TP):
+        torch._dynamo.reset()
+        model = sp_lab.models.build("toy", tp_rank=0, tp_size=TP, device="meta")
+        shared = capture.SharedCaptures(model)
+        before = capture.counters["captures"]
+        variants = {
+            "gather": sp_lab.compile(model, _config("gather"), captures=shared),
+            "sharded": sp_lab.compile(model, _config("sharded"), captures=shared),
+            "no_async_tp": sp_lab.compile(model, dataclasses.replace(_config("sharded"), enable_async_tp=False),
+                                          captures=shared),
+        }
+        for compiled in variants.values():
+            for n in (12, 3):
+                compiled(torch.arange(n, device="meta"))
+        captured = capture.counters["captures"] - before
+        with pytest.raises(ValueError) as other:
+            sp_lab.compile(sp_lab.models.build("toy", tp_rank=0, tp_size=TP, device="meta"), _config("gather"),
+                           captures=shared)
+    out = {"reports": {v: c.report for v, c in variants.items()}, "captures": captured,
+           "other_model": str(other.value)}
+    # A plain layer with an all_reduce: under another group, or called with another batch, it is captured anew.
+    layer = _AllReduced()
+    shared = capture.SharedCaptures(layer)
+    before = capture.counters["captures"]
+    for tp, token_dim, shape in ((2, 0, (12, 8)), (4, 0, (12, 8)), (2, 1, (2, 12, 8)), (2, 0, (20, 8))):
+        with fake_process_group(tp):
+            config = sp_lab.LabConfig(tp_size=tp, async_tp_min_tokens=8, max_num_tokens=64, token_dim=token_dim)
+            sp_lab.compile(layer, config, captures=shared, inspect_only=True)(torch.randn(shape))
+    out["layer_captures"], out["layer_kept"] = capture.counters["captures"] - before, len(shared)
+    torch._dynamo.reset()
+    return out
+
+
+def test_a_capture_whose_first_range_fails_to_compile_still_serves_the_other_variants(monkeypatch):
+    from sp_lab.compiler.range_compiler import RangeCompiler
+
+    layer = _AllReduced()
+    shared = capture.SharedCaptures(layer)
+    config = sp_lab.LabConfig(tp_size=TP, async_tp_min_tokens=8, max_num_tokens=64)
+    compile_range = RangeCompiler.compile
+
+    def fails(self):
+        raise RuntimeError("this config's range does not compile")
+
+    before = capture.counters["captures"]
+    with fake_process_group(TP):
+        monkeypatch.setattr(RangeCompiler, "compile", fails)
+        with pytest.raises(RuntimeError, match="does not compile"):
+            sp_lab.compile(layer, config, captures=shared, inspect_only=True)(torch.randn(12, 8))
+        monkeypatch.setattr(RangeCompiler, "compile", compile_range)
+        other = sp_lab.compile(layer, dataclasses.replace(config, boundary="sharded"), captures=shared,
+                               inspect_only=True)
+        other(torch.randn(12, 8))
+    torch._dynamo.reset()
+    assert capture.counters["captures"] - before == 1
+    assert [g.shared_capture for g in other.report.graphs] == [True] and other.report.range_for(12).compiled
+
+
+class _AllReduced(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(torch.nn.functional.linear(x, self.weight), "sum", dist.group.WORLD)
+
+
+def test_variants_of_one_model_share_one_capture(shared_capture):
+    assert shared_capture["captures"] == 1
+    reports = shared_capture["reports"]
+    assert [g.shared_capture for g in reports["gather"].graphs] == [False]
+    assert reports["gather"].graphs[0].capture_time_s > 0
+    for variant in ("sharded", "no_async_tp"):  # Dynamo's time is counted once, by the variant that captured
+        assert [(g.shared_capture, g.capture_time_s) for g in reports[variant].graphs] == [(True, 0.0)]
+    again = CompileReport.from_json(reports["sharded"].to_json())
+    assert again.to_dict() == reports["sharded"].to_dict()
+
+
+def test_each_variant_compiles_its_own_ranges_from_the_shared_graph(shared_capture):
+    reports = shared_capture["reports"]
+    for report in reports.values():  # both ranges compiled by each variant itself: the route reached its dispatch
+        assert [(r.lo, r.hi, r.compiled) for r in report.ranges] == [(1, 7, True), (8, 64, True)]
+    fused = {v: sum(r.op_counts().get("fused_matmul_reduce_scatter", 0) for r in report.ranges)
+             for v, report in reports.items()}
+    assert fused["gather"] > 0 and fused["sharded"] > 0 and fused["no_async_tp"] == 0, fused
+    # The boundary differs (gather vs sharded), so do the shapes crossing it: each ran its own passes.
+    crossing = {v: [[t.sharded_after for t in b.tensors] for b in report.range_for(12).boundaries]
+                for v, report in reports.items()}
+    assert crossing["gather"] != crossing["sharded"], crossing
+
+
+def test_a_shared_capture_serves_only_its_model_group_and_call_signature(shared_capture):
+    # tp 2, tp 4 (another group), a batch of 2 (another signature), then 20 tokens (the first capture again).
+    assert shared_capture["layer_captures"] == 3 and shared_capture["layer_kept"] == 3
+    assert "SharedCaptures of another model" in shared_capture["other_model"]
+    assert "captures=None" in shared_capture["other_model"]
 
 
 # -- failures translated only when verified ----------------------------------------------------------------------

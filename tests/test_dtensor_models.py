@@ -27,6 +27,7 @@ import torch.distributed as dist
 from tp_models import ATTENTION_OP, TinyTitan, parallel_titan
 
 import sp_lab
+from sp_lab.compiler.capture import SharedCaptures
 from sp_lab.distributed.collectives import fake_process_group
 from sp_lab.rules import MatmulRule
 
@@ -75,10 +76,12 @@ def _counts(report: Any, n: int) -> dict[str, Any]:
 def fake() -> dict[str, Any]:
     results = {}
     with fake_process_group(TP):
+        # One Dynamo capture per plan, shared by its configs (a DTensor model's capture is the costly part).
         models = {plan: parallel_titan(plan, TP) for plan in ("tp", "tp_dtensor_ffn", "titan_sp")}
+        captures = {plan: SharedCaptures(model) for plan, model in models.items()}
         for plan, boundary, mode in [*FAKE_CASES, *SP_PLAN_CASES]:
-            torch._dynamo.reset()
-            compiled = sp_lab.compile(models[plan], config(boundary, mode), inspect_only=True)
+            compiled = sp_lab.compile(models[plan], config(boundary, mode), inspect_only=True,
+                                      captures=captures[plan])
             counts = (12, 4) if (plan, boundary, mode) == ("tp", "sharded", "piecewise") else (12,)
             for n in counts:
                 compiled(_tokens(n))
@@ -91,9 +94,8 @@ def fake() -> dict[str, Any]:
                 with pytest.raises(ValueError) as odd:
                     compiled(_tokens(13))
                 results["titan_sp_odd"] = str(odd.value)
-        torch._dynamo.reset()
         rejected = sp_lab.compile(models["titan_sp"], config(*SP_PLAN_CASE[1:], heuristic=MatmulRule.always("no_fuse")),
-                                  inspect_only=True)
+                                  inspect_only=True, captures=captures["titan_sp"])
         rejected(_tokens(12))
         results["titan_sp_no_fuse"] = _counts(rejected.report, 12)
     return results
@@ -191,9 +193,10 @@ COUNTS = {"titan_sp": (12, 14, 13)}
 def _numerics_worker(cases) -> dict[str, Any]:
     reference = TinyTitan()
     results = {}
+    models = {plan: parallel_titan(plan, dist.get_world_size()) for plan in dict.fromkeys(c[0] for c in cases)}
+    captures = {plan: SharedCaptures(model) for plan, model in models.items()}
     for plan, boundary, mode in cases:
-        torch._dynamo.reset()
-        compiled = sp_lab.compile(parallel_titan(plan, dist.get_world_size()), config(boundary, mode))
+        compiled = sp_lab.compile(models[plan], config(boundary, mode), captures=captures[plan])
         diffs = {}
         for n in COUNTS.get(plan, (12, 13)):
             try:

@@ -75,11 +75,12 @@ def _worker(path: str, qwen2_path: str) -> dict[str, Any]:
         path, dtype=torch.float32, attn_implementation=register_hf_attention() if attn == "sp_lab" else attn).eval()
         for attn in ("sdpa", "sp_lab")}
     results: dict[str, Any] = {"param_type": type(models["sdpa"].model.layers[0].self_attn.q_proj.weight).__name__}
+    # One Dynamo capture per attention implementation, shared by its compile modes and boundaries.
+    shared = {attn: sp_lab.SharedCaptures(CausalLMLogits(model)) for attn, model in models.items()}
     for label, attn, mode, boundary in [*CASES, ("sp_lab-none", "sp_lab", "piecewise", "none")]:
-        torch._dynamo.reset()
         config = sp_lab.LabConfig(tp_size=TP, token_dim=1, async_tp_min_tokens=8, max_num_tokens=64,
                                   compile_mode=mode, boundary=boundary)
-        compiled = sp_lab.compile(CausalLMLogits(models[attn]), config)
+        compiled = sp_lab.compile(shared[attn].model, config, captures=shared[attn])
         with torch.no_grad():
             if boundary == "none":
                 try:

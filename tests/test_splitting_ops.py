@@ -161,12 +161,12 @@ COUNTS = (5, 12, 13)  # below the SP threshold; even; odd (padded to a multiple 
 def _worker() -> dict[str, Any]:
     torch.manual_seed(0)
     model = FourOps()
+    shared = sp_lab.SharedCaptures(model)  # one Dynamo capture, shared by every compile mode and boundary
     results: dict[str, Any] = {}
     for label, mode, boundary in [*CASES, ("none", "piecewise", "none")]:
-        torch._dynamo.reset()
         config = sp_lab.LabConfig(tp_size=TP, async_tp_min_tokens=MIN_TOKENS, max_num_tokens=64,
                                   splitting_ops=OPS, compile_mode=mode, boundary=boundary)
-        compiled = sp_lab.compile(model, config)
+        compiled = sp_lab.compile(model, config, captures=shared)
         if label == "none":
             try:
                 compiled(torch.randn(12, 16))

@@ -37,6 +37,7 @@ from sp_lab.bench.sweep import (
 )
 from sp_lab.bench.timing import reduce_across_ranks, time_cpu, time_cuda, time_fn
 from sp_lab.compiler.ranges import CompileRange
+from sp_lab.compiler.report import CompileReport
 from sp_lab.config import LabConfig
 from sp_lab.distributed.launch import RankError
 from sp_lab.models import ModelSpec
@@ -593,13 +594,27 @@ def test_the_stop_rule_reads_the_intervals_of_every_variant():
 
 # ------------------------------------------------------------------------------------------------ real compiler
 @pytest.fixture(scope="module")
-def real_toy_sweep(tmp_path_factory):
-    """The toy model through sp_lab.compile on two gloo ranks: baseline and sp+async_tp at 3 and 16 tokens."""
-    store = tmp_path_factory.mktemp("real") / "sweeps"
-    launch_sweep("toy", world_size=2, backend="gloo", timeout=600.0, store_dir=store, token_counts=[3, 16],
+def real_toy_run(tmp_path_factory) -> Path:
+    """The toy model through sp_lab.compile on two gloo ranks: baseline and sp+async_tp at 3 and 16 tokens. The
+    directory holds the store (``sweeps``) and the variants' compile reports (``reports``)."""
+    run = tmp_path_factory.mktemp("real")
+    launch_sweep("toy", world_size=2, backend="gloo", timeout=600.0, store_dir=run / "sweeps", token_counts=[3, 16],
                  variants=["baseline", "sp+async_tp"], config=LabConfig(tp_size=2), warmup=0, repeats=2,
-                 max_repeats=2, progress=False)
-    return SweepStore(store).read().sort("variant", "num_tokens")
+                 max_repeats=2, progress=False, reports_dir=run / "reports")
+    return run
+
+
+@pytest.fixture(scope="module")
+def real_toy_sweep(real_toy_run):
+    return SweepStore(real_toy_run / "sweeps").read().sort("variant", "num_tokens")
+
+
+def test_a_sweeps_variants_share_one_dynamo_capture(real_toy_run):
+    reports = {path.stem: CompileReport.from_json(path.read_text()) for path in (real_toy_run / "reports").glob("*.json")}
+    assert sorted(reports) == ["baseline", "sp+async_tp"]
+    graphs = sorted((g.shared_capture, g.capture_time_s > 0) for r in reports.values() for g in r.graphs)
+    # One variant captured the forward (1-D tokens: one signature for 3 and 16), the other compiled from it.
+    assert graphs == [(False, True), (True, False)], graphs
 
 
 def test_a_real_sweep_records_the_fused_ops_the_compiler_emitted(real_toy_sweep):

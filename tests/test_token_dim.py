@@ -24,6 +24,7 @@ import torch.distributed as dist
 from tp_models import ATTENTION_OP, TinyTitan, parallel_titan
 
 import sp_lab
+from sp_lab.compiler.capture import SharedCaptures
 from sp_lab.distributed.collectives import fake_process_group
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
@@ -60,9 +61,9 @@ def fake() -> dict[str, Any]:
     results = {}
     with fake_process_group(TP):
         model = parallel_titan("tp", TP)
+        shared = SharedCaptures(model)  # one Dynamo capture per batch size, shared by the modes
         for boundary, mode in MODES:
-            torch._dynamo.reset()
-            compiled = sp_lab.compile(model, config(boundary, mode), inspect_only=True)
+            compiled = sp_lab.compile(model, config(boundary, mode), inspect_only=True, captures=shared)
             for batch, seq in FAKE_CALLS.get(_label(boundary, mode), ((2, 6),)):
                 out = compiled(_tokens(batch, seq))
                 report = compiled.report
@@ -145,10 +146,10 @@ NUMERIC_CASES = [("sharded", "piecewise", 2, 6), ("sharded", "piecewise", 2, 7),
 def _numerics_worker() -> dict[str, Any]:
     reference = TinyTitan()
     model = parallel_titan("tp", dist.get_world_size())
+    shared = SharedCaptures(model)
     results = {}
     for boundary, mode in dict.fromkeys((b, m) for b, m, _, _ in NUMERIC_CASES):
-        torch._dynamo.reset()
-        compiled = sp_lab.compile(model, config(boundary, mode))
+        compiled = sp_lab.compile(model, config(boundary, mode), captures=shared)
         for batch, seq in [(b, s) for bb, m, b, s in NUMERIC_CASES if (bb, m) == (boundary, mode)]:
             x = _tokens(batch, seq)
             with torch.no_grad():

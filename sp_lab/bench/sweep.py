@@ -59,6 +59,7 @@ from sp_lab.vocabulary import FUSION_MISSING_SUFFIX, MEASURED, REHEARSAL
 
 if TYPE_CHECKING:
     from sp_lab.compiler.backend import CompiledModel
+    from sp_lab.compiler.capture import SharedCaptures
     from sp_lab.compiler.report import CompileReport
     from sp_lab.config import LabConfig
 
@@ -258,7 +259,10 @@ def run_sweep(
     plan = _plan_points(store, base, {v: variant_config(v, config, tp_size=world) for v in variants}, tokens, rank)
     progress = _Progress(store, sweep_id, plan.planned, enabled=progress and rank == 0, rank=rank)
     # Nothing compiles here: each variant compiles a range on its first call at a count in it (_measure_point).
-    compiled = {v: (compile_fn or _default_compile)(model, plan.configs[v]) for v in plan.needed}
+    # The variants share the model's Dynamo captures: the first to reach a call captures it, the others only
+    # compile their ranges from that graph.
+    compile_variant = compile_fn or functools.partial(_default_compile, captures=_shared_captures(model))
+    compiled = {v: compile_variant(model, plan.configs[v]) for v in plan.needed}
     stop = StopRule(repeats=repeats, max_repeats=max_repeats, ci_width=ci_width, budget_s=budget_s,
                     points_left=len(plan.pending))
     written: list[dict[str, Any]] = []
@@ -554,10 +558,16 @@ def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
     return build(model_name, **kwargs)
 
 
-def _default_compile(model: torch.nn.Module, config: LabConfig) -> CompiledModel:
+def _shared_captures(model: torch.nn.Module) -> SharedCaptures:
+    from sp_lab.compiler.capture import SharedCaptures
+
+    return SharedCaptures(model)
+
+
+def _default_compile(model: torch.nn.Module, config: LabConfig, *, captures: SharedCaptures) -> CompiledModel:
     from sp_lab.compiler.backend import compile as compile_model
 
-    return compile_model(model, config)
+    return compile_model(model, config, captures=captures)
 
 
 # ---------------------------------------------------------------------------------------------- launching

@@ -10,11 +10,14 @@ Dynamo captures the model once, with the token count symbolic from the first cal
 later calls run the captured bytecode without Dynamo's guards (``capture.py``); a call that breaks what a
 capture assumed (another batch size, a token count its trace excluded) is captured afresh. Each capture
 compiles the ranges its calls reach, and the report keeps an entry per (range, Dynamo graph), with Dynamo's
-capture time, so its compile times add up to what the first calls cost.
+capture time, so its compile times add up to what the first calls cost. Compiles of one model's variants can
+share its captures (``captures=SharedCaptures(model)``): each variant then compiles its ranges from the graph
+another one captured.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -24,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import fx
-from torch._guards import detect_fake_mode
 
 import sp_lab.compiler.fused_ops  # noqa: F401  (registers the CPU fused ops)
 from sp_lab.compiler.artifact_cache import ArtifactCache, range_key
-from sp_lab.compiler.capture import Capture, call_signature, capture
+from sp_lab.compiler.capture import Capture, CapturedGraph, Dispatch, SharedCaptures, call_signature, capture
 from sp_lab.compiler.cudagraphs import CudaGraphPlan, FullCudaGraphs, StaticTokens
 from sp_lab.compiler.even_shards import EvenShards, even_shards
 from sp_lab.compiler.failures import BoundaryError
@@ -44,11 +46,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BoundaryError", "CompiledModel", "compile"]
+__all__ = ["BoundaryError", "CompiledModel", "SharedCaptures", "compile"]
 
 
 def compile(
-    model: torch.nn.Module, config: LabConfig, *, inspect_only: bool | None = None
+    model: torch.nn.Module, config: LabConfig, *, inspect_only: bool | None = None,
+    captures: SharedCaptures | None = None,
 ) -> CompiledModel:
     """Compile ``model`` piecewise with SP + AsyncTP as ``config`` asks; call on every rank.
 
@@ -63,18 +66,27 @@ def compile(
     generation finds is not reported: under ``boundary="none"`` a shard that leaves a piece through
     functionalization's ``copy_`` epilogue (an in-place residual) fails a real compile with a BoundaryError, while
     an inspect-only compile of the same model reports its pieces and no failure.
+
+    ``captures``: a :class:`SharedCaptures` of ``model`` shared with its other compiles (other configs): a call
+    that one of them captured already is not captured again, only this config's ranges are compiled.
     """
     if not isinstance(config, LabConfig):
         raise TypeError(f"config: expected sp_lab.LabConfig, got {type(config).__name__}")
+    if captures is not None and captures.model is not model:
+        raise ValueError(
+            f"captures: a SharedCaptures of another model ({type(captures.model).__name__} at "
+            f"{id(captures.model):#x}, this one is {type(model).__name__} at {id(model):#x}); share captures only "
+            "among compiles of one model object, or pass captures=None")
     if inspect_only is None:
         inspect_only = any(p.is_meta for p in model.parameters())
-    return CompiledModel(model, config, inspect_only=inspect_only)
+    return CompiledModel(model, config, inspect_only=inspect_only, captures=captures)
 
 
 class CompiledModel:
     """Callable like the model; each call is served by the artifact of the range holding its token count."""
 
-    def __init__(self, model: torch.nn.Module, config: LabConfig, *, inspect_only: bool = False):
+    def __init__(self, model: torch.nn.Module, config: LabConfig, *, inspect_only: bool = False,
+                 captures: SharedCaptures | None = None):
         self.model = model
         self.config = config
         self.inspect_only = inspect_only
@@ -95,10 +107,9 @@ class CompiledModel:
             model=model.spec.to_dict() if hasattr(model, "spec") else {"name": type(model).__name__},
             ranges=[_planned(r, config) for r in self.ranges],
         )
-        self._tokens_in_flight: torch.Tensor | None = None  # the first argument of the call Dynamo is tracing
-        self._call_started = 0.0
-        self._captures: dict[tuple, list[Capture]] = {}  # by call_signature: one per batch size, as a rule
-        self._capture_guards = TokenGuards()  # what the capture in flight assumed about the token count
+        # By call_signature (one per batch size, as a rule): each capture with this model's dispatch of its graph.
+        self._captures: dict[tuple, list[tuple[Capture, Dispatch]]] = {}
+        self._shared = captures
         self._full_graphs = FullCudaGraphs(self._forward)
         self._static_tokens = StaticTokens()
         self._even_shards = EvenShards()  # what the captured graphs ask of the token count (DTensor shards)
@@ -151,48 +162,53 @@ class CompiledModel:
         return next(r for r in self.ranges if (r.lo, r.hi) == (lo, hi))
 
     def _forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """One call: the capture that fits it, without Dynamo; a new capture if none does."""
+        """One call: the capture that fits it, without Dynamo; one another variant made (``captures``) if none
+        does; else a new capture."""
         dim = self.config.token_dim
         signature = call_signature(tokens, dim, args, kwargs)
         seq = tokens.shape[dim]
-        for known in self._captures.get(signature, ()):
+        for known, dispatch in self._captures.get(signature, ()):
             if known.token_guards.hold(seq):
-                return known.run(self.model, tokens, *args, **kwargs)
-        return self._capture(signature, tokens, args, kwargs)
+                return known.run(dispatch, self.model, tokens, *args, **kwargs)
+        key = SharedCaptures.key(signature)
+        shared = self._shared.find(key, seq) if self._shared is not None else None
+        if shared is not None:
+            dispatch = self._adopt(shared.graph, shared=True)
+            self._captures.setdefault(signature, []).append((shared, dispatch))
+            return shared.run(dispatch, self.model, tokens, *args, **kwargs)
+        return self._capture(signature, key, tokens, args, kwargs)
 
-    def _capture(self, signature: tuple, tokens: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    def _capture(self, signature: tuple, key: tuple, tokens: torch.Tensor, args: tuple, kwargs: dict) -> Any:
         """Capture with Dynamo and run the call, recording Dynamo's own time."""
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
-        self._call_started = time.perf_counter()
-        self._tokens_in_flight = tokens
-        self._capture_guards = TokenGuards()
-        try:
-            out, captured = capture(self.model, self._backend, tokens, self.config.token_dim, args, kwargs,
-                                    lambda: self._capture_guards)
-        finally:
-            self._tokens_in_flight = None
-        self._captures.setdefault(signature, []).append(captured)
+        started = time.perf_counter()
+        dispatches: list[Dispatch] = []
+
+        def adopt(graph: CapturedGraph) -> Dispatch:
+            dispatches.append(self._adopt(graph, shared=False))
+            return dispatches[-1]
+
+        def keep(captured: Capture) -> None:
+            self._captures.setdefault(signature, []).append((captured, dispatches[-1]))
+            if self._shared is not None:
+                self._shared.add(key, captured)
+
+        out = capture(self.model, tokens, self.config.token_dim, args, kwargs, adopt=adopt, keep=keep)
         if len(self.report.graphs) > graphs:
             # Dynamo's share of this call: everything but the range compiles it triggered.
-            spent = time.perf_counter() - self._call_started - (_range_compile_s(self.report) - compile_s)
-            graph = self.report.graphs[-1]
-            self.report.graphs[-1] = DynamoGraph(graph.index, graph.static_tokens, max(spent, 0.0))
+            spent = time.perf_counter() - started - (_range_compile_s(self.report) - compile_s)
+            self.report.graphs[-1] = dataclasses.replace(self.report.graphs[-1], capture_time_s=max(spent, 0.0))
         return out
 
-    # -- Dynamo backend -------------------------------------------------------------------------------------------
-    def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        token_index = _token_input_index(gm, example_inputs, self._tokens_in_flight)
-        fake_mode = detect_fake_mode(example_inputs)
-        # Dynamo hands over real tensors; the symbolic shapes live in the placeholders' fake values.
-        example_inputs = [
-            n.meta.get("example_value", x)
-            for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
-        ]
-        token_size = example_inputs[token_index].shape[self.config.token_dim]
-        self._capture_guards = TokenGuards.of(fake_mode.shape_env if fake_mode else None, token_size)
+    # -- serving a captured graph ---------------------------------------------------------------------------------
+    def _adopt(self, captured: CapturedGraph, *, shared: bool) -> Dispatch:
+        """This model's dispatch of a captured graph: its report entry, and its range artifacts compiled on first
+        use. ``shared``: the graph was captured by another compile of the model (no capture time of ours)."""
+        gm, example_inputs, token_index = captured.gm, captured.example_inputs, captured.token_index
+        fake_mode = captured.fake_mode
         tokens = self.config.num_tokens(example_inputs[token_index].shape)
         graph = DynamoGraph(len(self.report.graphs), tokens if isinstance(tokens, int) else None,
-                            time.perf_counter() - self._call_started)
+                            0.0 if shared else captured.capture_time_s, shared_capture=shared)
         self.report.graphs.append(graph)
         shards = even_shards(gm, example_inputs[token_index].shape[self.config.token_dim], self.effective.tp_size)
         self._even_shards = self._even_shards.merged(shards)
@@ -279,24 +295,6 @@ def _planned(rng: CompileRange, config: LabConfig) -> RangeReport:
 
 def _range_compile_s(report: CompileReport) -> float:
     return sum(r.compile_time_s for r in report.ranges)
-
-
-def _token_input_index(gm: fx.GraphModule, example_inputs: list[Any], tokens: torch.Tensor | None) -> int:
-    """Which input of Dynamo's graph is the token tensor the caller passed first.
-
-    Found by identity (Dynamo hands the backend the caller's own tensors), not by the forward argument's name:
-    the name Dynamo records depends on how it entered the module. ``forward(self, x)`` gives a local ``x``, but a
-    ``forward(*args)``, and every ``torch.nn`` container such as ``nn.Sequential`` (whose ``forward(input)``
-    Dynamo enters through a ``*args`` wrapper), give ``args[0]``.
-    """
-    for i, x in enumerate(example_inputs):
-        if x is tokens:
-            return i
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    raise RuntimeError(
-        f"sp_lab.compile: the token tensor passed first is not among the captured graph's inputs {placeholders}; "
-        "the forward must use its first argument (the tokens) as a tensor"
-    )
 
 
 def _provenance(effective: EffectiveConfig) -> dict[str, Any]:

@@ -268,6 +268,8 @@ class DynamoGraph:
     index: int
     static_tokens: int | None  # the token count Dynamo specialised this graph to; None: symbolic
     capture_time_s: float  # from the call that triggered the capture to the graph reaching sp_lab
+    # Captured by another compile of the model (SharedCaptures) and reused here: capture_time_s is 0.
+    shared_capture: bool = False
 
 
 @dataclass
