@@ -13,7 +13,8 @@ Dropping Dynamo's guards is sound for what sp_lab compiles because it re-checks 
 other arguments' values) picks a capture, and the guards Dynamo's trace put on the token count
 (:class:`~sp_lab.compiler.fake_inputs.TokenGuards`, e.g. "tp divides N") decide whether it serves a count; a
 call that fits no capture is captured afresh. What no check sees: a module attribute changed between calls
-(``model.training``, a swapped submodule): build a new ``sp_lab.compile`` after changing the model.
+(``model.training``, a swapped submodule): build a new ``sp_lab.compile`` (and a new :class:`SharedCaptures`)
+after changing the model.
 
 One capture serves every variant of a model: the graph Dynamo hands over depends on the model and the call, not
 on sp_lab's config (the passes, the ranges and the boundary run on it afterwards). A :class:`SharedCaptures`
