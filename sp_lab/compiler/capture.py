@@ -131,8 +131,8 @@ def capture(
 
     ``adopt(graph)`` is called once Dynamo hands the graph over, and returns the dispatch that serves this call
     (and, through the capture, later ones of the same compiled model). ``keep(capture)`` receives the capture
-    once Dynamo has traced the call, before its output is known: also when running it raises (a range that
-    fails to compile), since another config may well compile from the same graph.
+    after the call, also when running it raised once Dynamo had traced it (a range that failed to compile):
+    another config may well compile from the same graph.
     """
     started = time.perf_counter()
     # A code object of its own per capture: Dynamo keys its cache by code object, and the hook must find
