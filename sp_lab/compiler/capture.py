@@ -219,8 +219,9 @@ class SharedCaptures:
     @staticmethod
     def key(signature: tuple) -> tuple:
         """What a shared capture must match besides the token count: the call (its signature, which places the
-        token dimension) and the process group its collectives name."""
-        group = (dist.group.WORLD.group_name, dist.get_world_size()) if dist.is_initialized() else None
+        token dimension) and the process group its collectives name (backend, name, size)."""
+        group = ((dist.get_backend(), dist.group.WORLD.group_name, dist.get_world_size()) if dist.is_initialized()
+                 else None)
         return signature, group
 
 
