@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -182,18 +183,14 @@ class CompiledModel:
         """Capture with Dynamo and run the call, recording Dynamo's own time."""
         graphs, compile_s = len(self.report.graphs), _range_compile_s(self.report)
         started = time.perf_counter()
-        dispatches: list[Dispatch] = []
 
-        def adopt(graph: CapturedGraph) -> Dispatch:
-            dispatches.append(self._adopt(graph, shared=False))
-            return dispatches[-1]
-
-        def keep(captured: Capture) -> None:
-            self._captures.setdefault(signature, []).append((captured, dispatches[-1]))
+        def keep(captured: Capture, dispatch: Dispatch) -> None:
+            self._captures.setdefault(signature, []).append((captured, dispatch))
             if self._shared is not None:
                 self._shared.add(key, captured)
 
-        out = capture(self.model, tokens, self.config.token_dim, args, kwargs, adopt=adopt, keep=keep)
+        out = capture(self.model, tokens, self.config.token_dim, args, kwargs,
+                      adopt=functools.partial(self._adopt, shared=False), keep=keep)
         if len(self.report.graphs) > graphs:
             # Dynamo's share of this call: everything but the range compiles it triggered.
             spent = time.perf_counter() - started - (_range_compile_s(self.report) - compile_s)

@@ -125,13 +125,13 @@ class Capture:
 
 def capture(
     model: torch.nn.Module, tokens: torch.Tensor, token_dim: int, args: tuple, kwargs: dict, *,
-    adopt: Callable[[CapturedGraph], Dispatch], keep: Callable[[Capture], None],
+    adopt: Callable[[CapturedGraph], Dispatch], keep: Callable[[Capture, Dispatch], None],
 ) -> Any:
     """Run ``model(tokens, *args, **kwargs)`` through Dynamo and return its output.
 
     ``adopt(graph)`` is called once Dynamo hands the graph over, and returns the dispatch that serves this call
-    (and, through the capture, later ones of the same compiled model). ``keep(capture)`` receives the capture
-    after the call, also when running it raised once Dynamo had traced it (a range that failed to compile):
+    (and, through the capture, later ones of the same compiled model). ``keep(capture, dispatch)`` receives the
+    capture and that dispatch after the call, also when running it raised once Dynamo had traced it (a range that failed to compile):
     another config may well compile from the same graph.
     """
     started = time.perf_counter()
@@ -145,9 +145,8 @@ def capture(
     scope = _globals_of(model)
     entry = types.FunctionType(code, scope, code.co_name)
     traced: list[types.CodeType] = []
-    graphs: list[CapturedGraph] = []
+    adopted: list[tuple[CapturedGraph, Dispatch]] = []  # the graph, once adopt() has made its dispatch
     route = _Route()
-    dispatch: list[Dispatch] = []
 
     def on_bytecode(old: types.CodeType, new: types.CodeType) -> None:
         if old is code:
@@ -165,8 +164,7 @@ def capture(
         graph = CapturedGraph(gm, example_inputs, fake_mode, token_index,
                               TokenGuards.of(fake_mode.shape_env if fake_mode else None, size),
                               time.perf_counter() - started)
-        graphs.append(graph)
-        dispatch.append(adopt(graph))
+        adopted.append((graph, adopt(graph)))
         return route
 
     # Dynamo's guards are never evaluated (calls run the bytecode directly), and they would fail at once on a
@@ -182,14 +180,15 @@ def capture(
     # The call runs the graph as soon as the backend returns: the route serves it with the dispatch adopt() made.
     with _hook(on_bytecode):
         try:
-            out = route.run(lambda *a: dispatch[-1](*a), compiled, model, tokens, *args, **kwargs)
+            out = route.run(lambda *a: adopted[-1][1](*a), compiled, model, tokens, *args, **kwargs)
         finally:
-            if len(traced) == 1 and len(graphs) == 1:
+            if len(traced) == 1 and len(adopted) == 1:
+                (graph, dispatch), = adopted
                 # Where Dynamo installed the compiled graph: its bytecode, in the entry's globals.
-                keep(Capture(graphs[0], types.FunctionType(traced[0], scope, code.co_name), route))
-    if len(traced) != 1 or len(graphs) != 1:
+                keep(Capture(graph, types.FunctionType(traced[0], scope, code.co_name), route), dispatch)
+    if len(traced) != 1 or len(adopted) != 1:
         raise RuntimeError(f"sp_lab.compile: expected one Dynamo trace of the forward, saw {len(traced)} "
-                           f"with {len(graphs)} graphs")
+                           f"with {len(adopted)} graphs")
     return out
 
 
