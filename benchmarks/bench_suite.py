@@ -15,8 +15,8 @@ and after the runs, puts a number on the machine: a fresh interpreter compiling 
 ``torch.compile`` on empty caches (Dynamo, Inductor's code generation, g++ and its precompiled header, the kinds of
 work the suite does most). A suite time from another machine compares through the ratio suite / reference.
 
-``make test`` installs the clone in editable mode, which re-points this environment's ``sp_lab`` at the clone;
-when this checkout was the editable install before, it is installed again afterwards (``pip install -e --no-deps``).
+``make test`` installs the clone in editable mode, which re-points this environment's ``sp_lab`` at the clone; an
+editable install that was there before is installed again afterwards (``pip install -e --no-deps``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ with torch.no_grad():
     model(torch.randn(16, 96))
 print(time.perf_counter() - t)
 """
-_PYTEST_LINE = re.compile(r"^=*\s*(\d+ (?:passed|failed).*) in ([\d.]+)s")
+_PYTEST_LINE = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*) in ([\d.]+)s")
 
 
 @dataclass(frozen=True)
@@ -117,17 +117,27 @@ def run_suite(commit: str, log: Path) -> SuiteRun:
             returncode = subprocess.run(["make", "test"], check=False, cwd=clone, env=env, stdout=out,
                                         stderr=subprocess.STDOUT).returncode
         command_s, after = time.perf_counter() - started, CpuSeconds.now()
-    summary = [m for line in log.read_text().splitlines() if (m := _PYTEST_LINE.match(line.strip()))]
-    return SuiteRun(commit=commit, returncode=returncode, result=summary[-1][1] if summary else "no pytest summary",
-                    pytest_s=float(summary[-1][2]) if summary else None, command_s=command_s,
+    result, pytest_s = pytest_summary(log.read_text())
+    return SuiteRun(commit=commit, returncode=returncode, result=result, pytest_s=pytest_s, command_s=command_s,
                     cpu=CpuSeconds.between(before, after), load_before=load_before)
 
 
-def _editable_checkout() -> bool:
-    """Whether this environment's ``sp_lab`` is this checkout (an editable install of it)."""
+def pytest_summary(output: str) -> tuple[str, float | None]:
+    """pytest's last result line in ``output`` without its timing, and its seconds (``"no pytest summary"``, None
+    when pytest never got that far, e.g. the install step failed)."""
+    found = [m for line in output.splitlines() if (m := _PYTEST_LINE.match(line.strip()))]
+    return (found[-1][1], float(found[-1][2])) if found else ("no pytest summary", None)
+
+
+def _installed_project() -> Path | None:
+    """The project directory this environment's ``sp_lab`` is imported from (an editable install's checkout), or
+    None where it is missing or a regular install."""
     found = subprocess.run([sys.executable, "-c", "import sp_lab; print(sp_lab.__file__)"], check=False,
                            cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    return found.returncode == 0 and Path(found.stdout.strip()).resolve().is_relative_to(ROOT)
+    if found.returncode != 0:
+        return None
+    project = Path(found.stdout.strip()).resolve().parents[1]
+    return project if (project / "pyproject.toml").is_file() else None
 
 
 def main() -> None:
@@ -148,7 +158,7 @@ def main() -> None:
         parser.error(f"--commit {args.commit!r} is not a commit of {ROOT}: {resolved.stderr.strip()}")
     commit = resolved.stdout.strip()
     args.logs.mkdir(parents=True, exist_ok=True)
-    reinstall = _editable_checkout()
+    installed = _installed_project()
 
     references = [reference_seconds() for _ in range(args.references)]
     runs = []
@@ -158,8 +168,9 @@ def main() -> None:
             print(f"run {i + 1}: {runs[-1].result}, pytest {runs[-1].pytest_s} s, make test {runs[-1].command_s:.1f} s",
                   file=sys.stderr)
     finally:
-        if reinstall:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
+        if installed is not None and installed.is_dir() and _installed_project() != installed:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(installed)],
+                           check=True)
     references += [reference_seconds() for _ in range(args.references)]
 
     reference_s = statistics.median(references)
