@@ -7,10 +7,12 @@ Each run clones the checkout's HEAD (committed work only, as CI sees it) into a 
 ``CI=true make test`` there with a ``TMPDIR`` of its own, so Inductor's cache and its precompiled C++ headers start
 empty as on a fresh machine; only the installed packages are reused. Reported per run: pytest's result line and
 seconds, the whole command's seconds (its install step included), and the machine's CPU seconds while it ran, from
-``/proc/stat``: busy, idle, and steal (time the hypervisor gave this machine's vCPUs to other guests).
+``/proc/stat``: busy, idle, and steal (time the hypervisor gave this machine's vCPUs to other guests). Before each
+run the machine is watched for ten seconds with nothing of the benchmark's running: the share of its CPU time
+others took then is reported too, since the project's bar is for an idle machine.
 
-The same suite costs very different CPU time on machines sold as alike (2 vCPUs of one CPU model can run the same
-work 1.5-2x slower on a crowded host), so a suite's seconds mean little alone. A reference workload, timed before
+The same suite costs very different CPU time on machines that describe themselves alike (2 vCPUs of one CPU model
+have needed 1.5-1.9x the CPU seconds for the same suite), so a suite's seconds mean little alone. A reference workload, timed before
 and after the runs, puts a number on the machine: a fresh interpreter compiling a small model with
 ``torch.compile`` on empty caches (Dynamo, Inductor's code generation, g++ and its precompiled header, the kinds of
 work the suite does most). A suite time from another machine compares through the ratio suite / reference.
@@ -38,6 +40,8 @@ from machine import describe, machine
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 720.0
 """The bar the project sets for ``make test`` on an idle 2-core machine: 12 minutes."""
+QUIET_S = 10.0
+"""How long the machine is watched, doing nothing of the benchmark's, before each run."""
 
 _REFERENCE = """
 import time
@@ -88,8 +92,20 @@ class SuiteRun:
     pytest_s: float | None
     command_s: float
     cpu: CpuSeconds | None
-    load_before: float
-    """The 1-minute load average when the run started: above about 0.5 the machine was not idle."""
+    busy_before: float | None
+    """The share of the machine's CPU time others used in the quiet seconds before the run (:func:`busy_share`):
+    above about 0.1 the machine was not idle."""
+
+
+def busy_share(seconds: float) -> float | None:
+    """The share of the machine's CPU time that was busy or stolen over ``seconds`` of this process sleeping: what
+    others (another job, another guest on the host) take from a run started now. None without ``/proc/stat``."""
+    before = CpuSeconds.now()
+    time.sleep(seconds)
+    cpu = CpuSeconds.between(before, CpuSeconds.now())
+    if cpu is None:
+        return None
+    return (cpu.busy + cpu.steal) / max(cpu.busy + cpu.steal + cpu.idle, 1e-9)
 
 
 def reference_seconds() -> float:
@@ -111,7 +127,7 @@ def run_suite(commit: str, log: Path) -> SuiteRun:
         (Path(scratch) / "tmp").mkdir()
         env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "SP_LAB_CACHE_DIR")}
         env.update(CI="true", TMPDIR=f"{scratch}/tmp")
-        load_before = os.getloadavg()[0]
+        busy_before = busy_share(QUIET_S)
         before, started = CpuSeconds.now(), time.perf_counter()
         with log.open("w") as out:
             returncode = subprocess.run(["make", "test"], check=False, cwd=clone, env=env, stdout=out,
@@ -119,7 +135,7 @@ def run_suite(commit: str, log: Path) -> SuiteRun:
         command_s, after = time.perf_counter() - started, CpuSeconds.now()
     result, pytest_s = pytest_summary(log.read_text())
     return SuiteRun(commit=commit, returncode=returncode, result=result, pytest_s=pytest_s, command_s=command_s,
-                    cpu=CpuSeconds.between(before, after), load_before=load_before)
+                    cpu=CpuSeconds.between(before, after), busy_before=busy_before)
 
 
 def pytest_summary(output: str) -> tuple[str, float | None]:
@@ -191,7 +207,8 @@ def main() -> None:
         verdict = "within" if run.returncode == 0 and run.command_s <= TARGET_S else "NOT within"
         cpu = (f"busy {run.cpu.busy:.0f} core-s, steal {run.cpu.steal:.0f}, idle {run.cpu.idle:.0f}"
                if run.cpu else "CPU seconds unknown (no /proc/stat)")
-        idle = "" if run.load_before < 0.5 else f" (load {run.load_before:.1f} at the start: the machine was busy)"
+        idle = ("" if run.busy_before is None or run.busy_before < 0.1
+                else f" (the machine was {run.busy_before:.0%} busy before the run: not idle)")
         print(f"  run {i}: {run.result}; pytest {run.pytest_s} s, make test {run.command_s:.1f} s "
               f"= {run.command_s / reference_s:.0f} references, {verdict} {TARGET_S:.0f} s; {cpu}{idle}")
 

@@ -46,3 +46,12 @@ def test_cpu_seconds_split_busy_steal_and_idle_by_proc_stat_field(bench_suite):
     cpu = bench_suite.CpuSeconds.between(before, after)
     assert (cpu.busy, cpu.steal, cpu.idle) == pytest.approx((112, 5, 32))
     assert bench_suite.CpuSeconds.between(None, after) is None
+
+
+def test_busy_share_counts_what_others_took_stolen_time_included(bench_suite, monkeypatch):
+    tick = os.sysconf("SC_CLK_TCK")
+    # 10 s on 2 cores: 3 core-s busy, 1 stolen by the hypervisor, 16 idle.
+    readings = iter([(0,) * 8, (2 * tick, 0, 1 * tick, 16 * tick, 0, 0, 0, 1 * tick)])
+    monkeypatch.setattr(bench_suite.CpuSeconds, "now", staticmethod(lambda: next(readings)))
+    monkeypatch.setattr(bench_suite.time, "sleep", lambda seconds: None)
+    assert bench_suite.busy_share(10.0) == pytest.approx(4 / 20)
