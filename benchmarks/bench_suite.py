@@ -207,8 +207,8 @@ def main() -> None:
         verdict = "within" if run.returncode == 0 and run.command_s <= TARGET_S else "NOT within"
         cpu = (f"busy {run.cpu.busy:.0f} core-s, steal {run.cpu.steal:.0f}, idle {run.cpu.idle:.0f}"
                if run.cpu else "CPU seconds unknown (no /proc/stat)")
-        idle = ("" if run.busy_before is None or run.busy_before < 0.1
-                else f" (the machine was {run.busy_before:.0%} busy before the run: not idle)")
+        idle = ("" if run.busy_before is None else f"; {run.busy_before:.0%} busy before the run"
+                + (" (not idle)" if run.busy_before >= 0.1 else " (idle)"))
         print(f"  run {i}: {run.result}; pytest {run.pytest_s} s, make test {run.command_s:.1f} s "
               f"= {run.command_s / reference_s:.0f} references, {verdict} {TARGET_S:.0f} s; {cpu}{idle}")
 
