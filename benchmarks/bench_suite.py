@@ -65,7 +65,9 @@ class CpuSeconds:
     idle: float
 
     @staticmethod
-    def now() -> tuple[int, ...] | None:
+    def ticks() -> tuple[int, ...] | None:
+        """``/proc/stat``'s machine-wide counters now, in clock ticks (user nice system idle iowait irq softirq
+        steal); two readings make a :class:`CpuSeconds` through :meth:`between`."""
         try:
             with open("/proc/stat") as stat:
                 return tuple(int(v) for v in stat.readline().split()[1:9])
@@ -100,9 +102,9 @@ class SuiteRun:
 def busy_share(seconds: float) -> float | None:
     """The share of the machine's CPU time that was busy or stolen over ``seconds`` of this process sleeping: what
     others (another job, another guest on the host) take from a run started now. None without ``/proc/stat``."""
-    before = CpuSeconds.now()
+    before = CpuSeconds.ticks()
     time.sleep(seconds)
-    cpu = CpuSeconds.between(before, CpuSeconds.now())
+    cpu = CpuSeconds.between(before, CpuSeconds.ticks())
     if cpu is None:
         return None
     return (cpu.busy + cpu.steal) / max(cpu.busy + cpu.steal + cpu.idle, 1e-9)
@@ -128,11 +130,11 @@ def run_suite(commit: str, log: Path) -> SuiteRun:
         env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "SP_LAB_CACHE_DIR")}
         env.update(CI="true", TMPDIR=f"{scratch}/tmp")
         busy_before = busy_share(QUIET_S)
-        before, started = CpuSeconds.now(), time.perf_counter()
+        before, started = CpuSeconds.ticks(), time.perf_counter()
         with log.open("w") as out:
             returncode = subprocess.run(["make", "test"], check=False, cwd=clone, env=env, stdout=out,
                                         stderr=subprocess.STDOUT).returncode
-        command_s, after = time.perf_counter() - started, CpuSeconds.now()
+        command_s, after = time.perf_counter() - started, CpuSeconds.ticks()
     result, pytest_s = pytest_summary(log.read_text())
     return SuiteRun(commit=commit, returncode=returncode, result=result, pytest_s=pytest_s, command_s=command_s,
                     cpu=CpuSeconds.between(before, after), busy_before=busy_before)

@@ -1,6 +1,7 @@
-"""``benchmarks/bench_suite.py`` reads what it reports correctly: pytest's result line and ``/proc/stat``'s fields.
+"""``benchmarks/bench_suite.py`` reads what it reports correctly: pytest's result line, ``/proc/stat``'s fields,
+the share of the machine others took.
 
-The benchmark itself (a fresh-clone ``make test``) is far too long for the suite; these are the two places where it
+The benchmark itself (a fresh-clone ``make test``) is far too long for the suite; these are the places where it
 could report a wrong figure without failing.
 """
 
@@ -52,6 +53,6 @@ def test_busy_share_counts_what_others_took_stolen_time_included(bench_suite, mo
     tick = os.sysconf("SC_CLK_TCK")
     # 10 s on 2 cores: 3 core-s busy, 1 stolen by the hypervisor, 16 idle.
     readings = iter([(0,) * 8, (2 * tick, 0, 1 * tick, 16 * tick, 0, 0, 0, 1 * tick)])
-    monkeypatch.setattr(bench_suite.CpuSeconds, "now", staticmethod(lambda: next(readings)))
+    monkeypatch.setattr(bench_suite.CpuSeconds, "ticks", staticmethod(lambda: next(readings)))
     monkeypatch.setattr(bench_suite.time, "sleep", lambda seconds: None)
     assert bench_suite.busy_share(10.0) == pytest.approx(4 / 20)
