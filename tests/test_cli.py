@@ -127,7 +127,11 @@ def test_user_errors_are_one_line_with_the_fix_and_crashes_keep_their_traceback(
 def test_cli_variants_match_the_sweeps():
     from sp_lab.bench.sweep import DEFAULT_VARIANTS, VARIANTS
 
-    assert cli.VARIANTS == VARIANTS and cli.REFERENCE_VARIANTS == DEFAULT_VARIANTS
+    sweep = cli.build_parser().parse_args(["sweep"])
+    assert sweep.variants == list(DEFAULT_VARIANTS)
+    with pytest.raises(SystemExit):  # every variant the sweeps know is accepted, and only those
+        cli.build_parser().parse_args(["sweep", "--variants", "sp,turbo"])
+    assert cli.build_parser().parse_args(["sweep", "--variants", ",".join(VARIANTS)]).variants == list(VARIANTS)
 
 
 def test_export_with_an_explicit_threshold_writes_a_tuned_config_with_provenance(store, tmp_path, capsys):
@@ -317,17 +321,18 @@ def test_report_never_replaces_another_stores_report_unasked(store, tmp_path, ca
 
 def test_an_installed_vllm_the_table_cannot_place_fails_before_any_work(store, tmp_path, monkeypatch, capsys):
     import sp_lab.vllm_releases as V
+    from sp_lab.cli import rows
 
-    _tuning_rows = cli._tuning_rows
+    _tuning_rows = rows.tuning_rows
 
     monkeypatch.setattr(V, "installed_release", lambda: "0.10.2")
-    monkeypatch.setattr(cli, "_tuning_rows", lambda args: pytest.fail("rows were read before the release"))
+    monkeypatch.setattr(rows, "tuning_rows", lambda args: pytest.fail("rows were read before the release"))
     assert cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the installed vLLM: unknown vLLM release '0.10.2'") and "0.11.0 to 0.34.0" in err
     assert err.endswith("name a release to write for with --vllm-release") and "\n" not in err
     monkeypatch.setattr(V, "installed_release", lambda: "0.19.1+cu128")  # a build of a table release: its entry
-    monkeypatch.setattr(cli, "_tuning_rows", _tuning_rows)
+    monkeypatch.setattr(rows, "tuning_rows", _tuning_rows)
     assert cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]) == 0
     assert "vLLM 0.19.1 (installed here)" in capsys.readouterr().out
 
