@@ -32,9 +32,20 @@ TEST_CPU_CAPABILITY ?= default
 LAB_PORT ?= 8888
 # Jupyter refuses to start as root (e.g. in a container) unless told to; pass the flag only then.
 LAB_ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
-# Every process (tests, launch() ranks, notebooks) shares one Inductor cache inside the checkout: a kernel
-# compiled once is loaded from it afterwards (docs/compile-time.md has measured compile times).
-export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
+# Inductor keys neither its cache nor its precompiled C++ headers (under $TMPDIR/torchinductor_<user>, wherever
+# TORCHINDUCTOR_CACHE_DIR points) on the CPU capability: kernel source generated for the machine's vector ISA and
+# then built by a process with ATEN_CPU_CAPABILITY=default fails ("'at::vec' has not been declared"). So each
+# capability has a cache and a temporary directory of its own, and every process a target starts (pytest, launch()
+# ranks, notebook kernels) inherits its target's: `make test` (TEST_CPU_CAPABILITY) never reads what `make run` or
+# `make lab` (the machine's own) built, in any order. Within one capability, a kernel compiled once is loaded from
+# the cache afterwards (docs/compile-time.md has measured compile times).
+INDUCTOR_CACHE_ROOT ?= $(CURDIR)/.cache
+CPU_TMP_ROOT ?= $(or $(TMPDIR),/tmp)
+# $(call cpu_env,CAPABILITY): the environment of processes running with ATen's CPU capability CAPABILITY (empty:
+# the machine's own, unless ATEN_CPU_CAPABILITY is set already). TMPDIR must exist, or Python falls back to /tmp.
+cpu_label = $(or $(1),$(ATEN_CPU_CAPABILITY),native)
+cpu_env = mkdir -p $(CPU_TMP_ROOT)/sp_lab-cpu-$(cpu_label) && $(if $(1),ATEN_CPU_CAPABILITY=$(1)) \
+	TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE_ROOT)/inductor-$(cpu_label) TMPDIR=$(CPU_TMP_ROOT)/sp_lab-cpu-$(cpu_label)
 
 # One stamp per Python environment, redone when pyproject.toml changes.
 STAMP := .cache/install-$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:10])").stamp
@@ -58,15 +69,15 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	@# pytest exits 5 when it collected no test: that is a broken suite, not a pass.
-	@$(if $(TEST_CPU_CAPABILITY),ATEN_CPU_CAPABILITY=$(TEST_CPU_CAPABILITY)) $(PYTHON) -m pytest -q -m "$(PYTEST_MARKERS)" -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
+	@$(call cpu_env,$(TEST_CPU_CAPABILITY)) $(PYTHON) -m pytest -q -m "$(PYTEST_MARKERS)" -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 run: $(STAMP)
-	$(PYTHON) -m sp_lab run
+	$(call cpu_env,) $(PYTHON) -m sp_lab run
 
 lab: $(STAMP)
 	@# Listens on 127.0.0.1 only; Jupyter prints the URL with its random token (or set LAB_TOKEN).
-	$(PYTHON) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	$(call cpu_env,) $(PYTHON) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 		--ServerApp.root_dir=notebooks $(LAB_ALLOW_ROOT) $(if $(LAB_TOKEN),--IdentityProvider.token=$(LAB_TOKEN))
 
 lint:

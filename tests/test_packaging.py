@@ -128,24 +128,55 @@ def test_makefile_has_the_documented_targets_and_test_deselects_gpu_tests():
     assert "rc -eq 5" in dry_run  # "no tests collected" must fail, not pass
 
 
-def test_ci_installs_torch_before_the_package_and_fails_fast():
-    lines = _shell_lines((REPO / ".ci" / "run").read_text())
-    assert lines[0] == "set -euo pipefail"
-    torch_pin = next(i for i, line in enumerate(lines) if re.search(r"pip install \"?torch==", line))
-    package = next(i for i, line in enumerate(lines) if 'pip install -e ".[hf,dev]"' in line)
-    assert torch_pin < package
+def _readme_make_commands() -> list[str]:
+    """The ``make`` commands of the README's shell blocks, in the README's order."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|sh|shell|console)?\n(.*?)```", readme, flags=re.DOTALL)
+    return [line for block in blocks for line in _shell_lines(block) if re.match(r"make \w", line)]
 
 
-def test_ci_runs_the_readme_test_command():
-    readme = REPO / "README.md"
-    blocks = re.findall(r"```(?:bash|sh|shell|console)?\n(.*?)```", readme.read_text(), flags=re.DOTALL)
-    commands = [line for block in blocks for line in _shell_lines(block)]
-    test_commands = [c for c in commands if re.search(r"\bmake test\b|\bpytest\b", c)]
-    assert test_commands, "README.md shows no test command (`make test`) in a shell block"
-    ci_lines = _shell_lines((REPO / ".ci" / "run").read_text())
-    assert test_commands[0] in ci_lines, (
-        f".ci/run does not run the README's test command {test_commands[0]!r}"
-    )
+def test_ci_runs_the_readme_commands_in_the_readmes_order_and_fails_fast():
+    """A newcomer runs `make run`, then `make test`; CI does the same, in that order, and stops at the first failure
+    (each target installs what it needs itself, so CI installs nothing of the package on its own)."""
+    ci = _shell_lines((REPO / ".ci" / "run").read_text())
+    assert ci[0] == "set -euo pipefail"
+    setup = _readme_make_commands()[:2]
+    assert setup == ["make run", "make test"], f"the README's set-up block changed: {setup}"
+    made = [line for line in ci if line.startswith("make ")]
+    assert made == setup, f".ci/run runs {made}, the README tells a newcomer {setup}"
+    assert not [line for line in ci if "pip install" in line], ".ci/run installs on its own; the Makefile should"
+
+
+def _dry_run(target: str, *overrides: str) -> str:
+    """``make -n target`` as a newcomer's shell would run it (this suite runs under `make test`'s own settings)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ATEN_CPU_CAPABILITY", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "MAKEFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", "-n", "--no-print-directory", target, "STAMP=pyproject.toml", *overrides],
+                          cwd=REPO, capture_output=True, text=True, check=True, env=env).stdout
+
+
+def _launch_env(dry_run: str, program: str) -> dict[str, str]:
+    """The VAR=value words before ``program`` on the recipe line that starts it."""
+    line = next(line for line in dry_run.splitlines() if program in line)
+    words = line.split(program)[0].split("&&")[-1].split()
+    return dict(word.split("=", 1) for word in words if "=" in word)
+
+
+def test_each_cpu_capability_has_its_own_inductor_cache_and_temporary_directory():
+    """Inductor keys neither its cache nor its precompiled headers ($TMPDIR/torchinductor_<user>) on the CPU
+    capability, so a kernel built by `make run` or `make lab` (the machine's vector ISA) and then reused by
+    `make test` (ATEN_CPU_CAPABILITY=default) fails to compile. Every target that starts Python gives it the cache
+    and TMPDIR of its capability, and creates that TMPDIR (Python silently falls back to /tmp otherwise)."""
+    test = _launch_env(_dry_run("test"), "-m pytest")
+    run = _launch_env(_dry_run("run"), "-m sp_lab run")
+    lab = _launch_env(_dry_run("lab"), "-m jupyter lab")
+    assert test["ATEN_CPU_CAPABILITY"] == "default" and "ATEN_CPU_CAPABILITY" not in run
+    assert run == lab  # the notebooks' kernels and the main job share what they built, for the same ISA
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
+        assert test[key] != run[key], f"make test and make run share {key}={test[key]}"
+    assert f"mkdir -p {test['TMPDIR']} " in _dry_run("test")
+    native = _launch_env(_dry_run("test", "TEST_CPU_CAPABILITY="), "-m pytest")  # the suite on the machine's ISA
+    assert "ATEN_CPU_CAPABILITY" not in native and native == run
 
 
 # ---------------------------------------------------------------------------------------------------
