@@ -46,7 +46,7 @@ from typing import Any, BinaryIO
 __all__ = ["ForkedRank", "enabled", "server_pid", "start_rank"]
 
 # What every rank imports before the user's function runs (a rank that compiles imports all of it).
-PRELOAD = ("torch", "torch.distributed", "cloudpickle", "sp_lab.distributed.launch", "torch._dynamo",
+PRELOAD = ("torch", "torch.distributed", "cloudpickle", "sp_lab.distributed.worker", "torch._dynamo",
            "torch._inductor.compile_fx", "sp_lab.compiler.backend")
 
 _HEADER = struct.Struct("!Q")  # the length of the JSON message that follows
@@ -57,7 +57,7 @@ class _Request:
     """What a rank needs that the server's own process state does not already give it."""
 
     argv: list[str]
-    """``_spawned_worker_main``'s arguments, the two descriptor numbers excepted (the child's own are used)."""
+    """``worker_main``'s arguments, the two descriptor numbers excepted (the child's own are used)."""
     env: dict[str, str]
     sys_path: list[str]
     cwd: str
@@ -290,7 +290,7 @@ def _stop_server() -> None:
 
 def start_rank(argv: list[str], env: dict[str, str], result_fd: int, lifeline_fd: int,
                timeout: float = _START_TIMEOUT_S) -> ForkedRank:
-    """Fork a rank that runs ``_spawned_worker_main(argv + [result fd, lifeline fd])`` with ``env``.
+    """Fork a rank that runs ``worker_main(argv + [result fd, lifeline fd])`` with ``env``.
 
     ``result_fd`` and ``lifeline_fd`` are the caller's descriptors the rank writes its report to and watches;
     the caller closes its copy of ``result_fd`` afterwards, as with Popen's ``pass_fds``. ``timeout``: seconds to
@@ -400,8 +400,8 @@ def _become_rank(request: _Request, fds: list[int], server_fds: list[int]) -> No
         import random
 
         random.seed()  # a fresh interpreter seeds from the OS; siblings must not share one sequence
-        from sp_lab.distributed.launch import _spawned_worker_main
+        from sp_lab.distributed.worker import worker_main
 
-        _spawned_worker_main([*request.argv, str(result_fd), str(lifeline_fd)])
+        worker_main([*request.argv, str(result_fd), str(lifeline_fd)])
     finally:
         os._exit(1)  # never back into the server's loop

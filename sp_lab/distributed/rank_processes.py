@@ -115,7 +115,7 @@ class Worker:
 # place before sp_lab itself is imported; the same trick multiprocessing's spawn uses.
 _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from sp_lab.distributed.launch import _spawned_worker_main; _spawned_worker_main(sys.argv[2:])"
+    "from sp_lab.distributed.worker import worker_main; worker_main(sys.argv[2:])"
 )
 
 
