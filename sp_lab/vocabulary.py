@@ -49,13 +49,15 @@ NEVER = "never"
 """The one spelling of "no token count gets the rewrite" (threshold ``None`` in code)."""
 
 # ------------------------------------------------------------------------------------------ provenance
-SETUP_COLUMNS = ("model", "hidden_size", "num_layers", "tp", "dtype", "device_name", "backend", "boundary")
-"""Columns that must agree for rows to be tuned together (one curve per variant)."""
+SETUP_COLUMNS = ("model", "hidden_size", "num_layers", "tp", "dtype", "device_name", "backend", "boundary",
+                 "torch_version")
+"""Columns that must agree for rows to be tuned together (one curve per variant); with the compile settings the
+variants share, a setup (:class:`sp_lab.bench.setups.Setup`, the one definition readers choose by). Another torch
+compiles other kernels: its rows are another setup, and the resume key (``KEY_COLUMNS``) measures them anew."""
 PROVENANCE_COLUMNS = (
     "source",
     *SETUP_COLUMNS,
     "device_count",
-    "torch_version",
     "sp_lab_version",
     "hostname",
     "timing_method",

@@ -285,7 +285,7 @@ def test_a_rehearsal_sweep_skips_a_point_another_rehearsal_sweep_measured_meanwh
     plan = _plan_points(store, {**base, "source": "rehearsal"}, {"sp": cfg}, [8], rank=0)
     assert plan.pending == {8: ["sp"]}
     store.append([row])  # another rehearsal sweep of the store measured the point after this one planned
-    progress = _Progress(store, "s", plan.planned, enabled=False, rank=0)
+    progress = _Progress(store, "s", plan.tally, enabled=False, rank=0)
     claims, claimed = _claim_or_skip(store, plan, 8, ["sp"], seen, progress, rank=0)
     assert claims == {} and claimed == [] and progress.elsewhere == 1
 

@@ -123,9 +123,11 @@ KEY_COLUMNS = (
     "num_tokens",
     "device_name",
     "backend",
+    "torch_version",
     "config_hash",
 )
-"""A row's identity for resume: a sweep skips a (key) that already has a measured row."""
+"""A row's identity for resume: a sweep skips a (key) that already has a measured row. Every setup column
+(:data:`sp_lab.vocabulary.SETUP_COLUMNS`) is in it: a point counted as done is a point of the same setup."""
 
 QUARANTINE_DIR = "quarantine"
 CLAIMS_DIR = ".claims"
@@ -501,14 +503,23 @@ class SweepStore:
             claims.pop(name).release()
         return claims
 
-    def record_plan(self, sweep_id: str, points: int, doing: str = "") -> None:
+    def record_plan(self, sweep_id: str, points: int, doing: str = "", *,
+                    tally: Mapping[str, object] | None = None) -> None:
         """Say how many points sweep ``sweep_id`` is going to measure and what it is doing now (``"compiling sp
-        [16, 256] for T=16"``), for a watcher's progress bar."""
+        [16, 256] for T=16"``), for a watcher's progress bar; ``tally``: its whole account of points, reused ones
+        included (:meth:`sp_lab.bench.progress.SweepTally.to_dict`)."""
         directory = self.path / PLANS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{sweep_id}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"points": int(points), "doing": doing}))
+        tmp.write_text(json.dumps({"points": int(points), "doing": doing, "tally": tally}))
         os.replace(tmp, directory / f"{sweep_id}.json")
+
+    def plan_tally(self, sweep_id: str) -> dict[str, object] | None:
+        """The ``tally`` of sweep ``sweep_id``'s last :meth:`record_plan` (``None``: not planned yet, or none)."""
+        try:
+            return json.loads((self.path / PLANS_DIR / f"{sweep_id}.json").read_text()).get("tally")
+        except FileNotFoundError:
+            return None
 
     def plan_doing(self, sweep_id: str) -> str:
         """What sweep ``sweep_id`` last said it was doing (``""``: nothing said, or no plan)."""

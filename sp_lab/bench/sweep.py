@@ -51,6 +51,8 @@ import torch
 import torch.distributed as dist
 
 from sp_lab.bench.interleave import PointTiming, StopRule, broadcast, every_rank, interleave
+from sp_lab.bench.progress import SweepTally, tally_reuse
+from sp_lab.bench.setups import Setup, setup_of_row
 from sp_lab.bench.store import KEY_COLUMNS, SweepStore, release_claims
 from sp_lab.bench.timing import check_counts
 from sp_lab.distributed.collectives import rehearsal_device
@@ -161,6 +163,10 @@ class SweepResult:
     """The device the sweep ran on, as its rows (and the resume key that skipped stored points) name it."""
     backend: str = ""
     """The process-group backend, likewise."""
+    tally: SweepTally | None = None
+    """All the sweep's points: how many were reused from which earlier sweeps, measured now, measured elsewhere."""
+    setup: Setup | None = None
+    """The setup of the sweep's rows (:mod:`sp_lab.bench.setups`): what a reader asks for to show them alone."""
 
     @property
     def fusion_missing(self) -> list[dict[str, Any]]:
@@ -257,7 +263,7 @@ def run_sweep(
     base = _row_base(model.spec, sweep_id, torch_dtype, world, device, backend, warmup)
     seen = set(store.parts()) if rank == 0 else set()  # parts after these are checked before each claim
     plan = _plan_points(store, base, {v: variant_config(v, config, tp_size=world) for v in variants}, tokens, rank)
-    progress = _Progress(store, sweep_id, plan.planned, enabled=progress and rank == 0, rank=rank)
+    progress = _Progress(store, sweep_id, plan.tally, enabled=progress and rank == 0, rank=rank)
     # Nothing compiles here: each variant compiles a range on its first call at a count in it (_measure_point).
     # The variants share the model's Dynamo captures: the first to reach a call captures it, the others only
     # compile their ranges from that graph.
@@ -289,7 +295,8 @@ def run_sweep(
         progress.close()
     return SweepResult(rows=written, skipped=plan.skipped, store_dir=str(store.path), sweep_id=sweep_id,
                        device_name=base["device_name"], backend=base["backend"],
-                       elsewhere=progress.elsewhere)
+                       elsewhere=progress.elsewhere, tally=progress.tally,
+                       setup=setup_of_row({**base, "boundary": config.boundary, "config_json": config.to_json()}))
 
 
 def _checked(
@@ -364,6 +371,8 @@ class _Plan:
     done: Any
     """The store's keys when the sweep started (rank 0's, broadcast)."""
     skipped: int
+    tally: SweepTally | None = None
+    """The sweep's points as it starts: how many the store holds already, from which sweeps."""
 
     @property
     def planned(self) -> int:
@@ -385,12 +394,18 @@ def _plan_points(store: SweepStore, base: dict[str, Any], configs: dict[str, Lab
                  rank: int) -> _Plan:
     """The points not yet in the store. Rank 0 alone reads it, so every rank skips exactly the same points (a
     rank that disagreed would wait forever in a collective the others skip)."""
-    done = broadcast(store.done_keys(source=base["source"]) if rank == 0 else None)
+    stored = store.read(skip_corrupt=True) if rank == 0 else None  # corrupt parts: their points are measured again
+    if stored is not None:
+        stored = stored.filter(stored["source"] == base["source"])
+    done = broadcast(set(stored.select(KEY_COLUMNS).iter_rows()) if stored is not None else None)
     plan = _Plan(configs, base, {}, done, 0)
+    keys = [plan.key(v, t) for t in tokens for v in configs]
+    # Rank 0 alone knows where the reused points come from (the progress bars are its own).
+    tally = tally_reuse(stored, [k for k in keys if k in done], len(keys)) if stored is not None else None
     pending = {t: [v for v in configs if plan.key(v, t) not in done] for t in tokens}
     pending = {t: vs for t, vs in pending.items() if vs}
-    return dataclasses.replace(plan, pending=pending,
-                               skipped=len(configs) * len(tokens) - sum(len(vs) for vs in pending.values()))
+    return dataclasses.replace(plan, pending=pending, tally=broadcast(tally),
+                               skipped=len(keys) - sum(len(vs) for vs in pending.values()))
 
 
 def _claim_or_skip(store: SweepStore, plan: _Plan, t: int, todo: list[str], seen: set, progress: _Progress,
@@ -461,31 +476,44 @@ def _record_rows(store: SweepStore, base: dict[str, Any], plan: _Plan, compiled:
 
 class _Progress:
     """The sweep's progress, on rank 0: a tqdm bar here, and the store's plan file for a watcher elsewhere
-    (``launch_sweep``'s bar): how many points, how many done, what is going on (compiling what)."""
+    (``launch_sweep``'s bar): every point of the sweep, how many were reused from which sweep, measured now or by
+    a concurrent sweep (:class:`~sp_lab.bench.progress.SweepTally`), and what is going on (compiling what)."""
 
-    def __init__(self, store: SweepStore, sweep_id: str, planned: int, *, enabled: bool, rank: int):
-        self.store, self.sweep_id, self.planned, self.rank = store, sweep_id, planned, rank
-        self.elsewhere = 0
-        # The bar counts the points this sweep measures (a resumed sweep's bar ends at 100%).
-        self.bar = _progress_bar(total=planned, enabled=enabled)
-        if rank == 0:
-            store.record_plan(sweep_id, planned)
+    def __init__(self, store: SweepStore, sweep_id: str, tally: SweepTally | None, *, enabled: bool, rank: int):
+        self.store, self.sweep_id, self.rank = store, sweep_id, rank
+        self.tally = tally or SweepTally(total=0)  # ranks other than 0 count nothing
+        # The bar counts every point: a rerun's bar starts at the points it reuses, not at 0 of the rest.
+        self.bar = _progress_bar(total=self.tally.total, enabled=enabled, initial=self.tally.reused)
+        self._say()
+        self._record()
+
+    @property
+    def elsewhere(self) -> int:
+        return self.tally.elsewhere
+
+    def _record(self, doing: str = "") -> None:
+        if self.rank == 0:
+            self.store.record_plan(self.sweep_id, self.tally.to_measure, doing=doing, tally=self.tally.to_dict())
+
+    def _say(self) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.tally.describe(), refresh=False)
 
     def doing(self, what: str) -> None:
-        if self.rank == 0:
-            self.store.record_plan(self.sweep_id, self.planned - self.elsewhere, doing=what)
+        self._record(what)
         if self.bar is not None:
             self.bar.set_description(what)
 
     def taken_elsewhere(self, points: int) -> None:
-        self.elsewhere += points
-        if self.rank == 0:
-            self.store.record_plan(self.sweep_id, self.planned - self.elsewhere)
+        self.tally = dataclasses.replace(self.tally, elsewhere=self.tally.elsewhere + points)
+        self._record()
+        self._say()
         if self.bar is not None:
-            self.bar.total = self.planned - self.elsewhere
-            self.bar.refresh()
+            self.bar.update(points)  # their rows are in the store: done, by another sweep
 
     def advance(self) -> None:
+        self.tally = self.tally.with_measured(self.tally.measured + 1)
+        self._say()
         if self.bar is not None:
             self.bar.update(1)
 
@@ -542,14 +570,14 @@ def _row(
     }
 
 
-def _progress_bar(*, total: int | None, enabled: bool):
+def _progress_bar(*, total: int | None, enabled: bool, initial: int = 0):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
     # A point's time is mostly the compile of its range on first use, then seconds: weigh the latest
     # intervals (smoothing 0.9, tqdm's default 0.3) so one compile does not drive the ETA for long.
-    return tqdm(total=total, unit="pt", desc="sweep", dynamic_ncols=True, smoothing=0.9)
+    return tqdm(total=total, initial=initial, unit="pt", desc="sweep", dynamic_ncols=True, smoothing=0.9)
 
 
 def _default_build(model_name: str, **kwargs: Any) -> torch.nn.Module:
@@ -608,6 +636,7 @@ def launch_sweep(
     token_counts: Sequence[int],
     variants: Sequence[str] = DEFAULT_VARIANTS,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_tally: Callable[[SweepTally], None] | None = None,
     progress: bool = True,
     poll_s: float = 0.2,
     **kwargs: Any,
@@ -619,6 +648,10 @@ def launch_sweep(
     live plot while the ranks work. (``on_row`` is therefore called from that watcher thread.) Ctrl-C
     stops the ranks; the rows already measured stay in the store and a rerun resumes.
 
+    The bar and ``on_tally`` (watcher thread too, whenever it changes) count every point of the sweep: those
+    reused from the store, by the sweep they come from, and those measured now (:class:`SweepTally`), so a
+    rerun that reuses 4 of 6 points reads "4 of 6 points from the sweep of <when>, 2 measured now".
+
     ``kwargs`` go to :func:`run_sweep` (``config``, ``dtype``, ``warmup``, ``repeats``, ...).
     Returns rank 0's :class:`SweepResult`.
     """
@@ -628,29 +661,36 @@ def launch_sweep(
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
-    # The total is what rank 0 plans to measure (after resume, minus points a concurrent sweep takes),
-    # read from the store as it says; unknown until the ranks are up.
+    # The tally (every point, the reused ones and where from) is rank 0's, read from the store's plan file as
+    # rank 0 writes it; unknown until the ranks are up.
     bar = _progress_bar(total=None, enabled=progress)
     stop = threading.Event()
     watcher_error: list[BaseException] = []
+    measured, told = [0], [None]  # rows of this sweep delivered; the tally last told
 
     def deliver() -> None:
-        planned = store.planned_points(sweep_id) if bar is not None else None
         doing = store.plan_doing(sweep_id) if bar is not None else None
         if doing:
             bar.set_description(doing, refresh=False)
-        if planned is not None and planned != bar.total:
-            if bar.total is None:
-                bar.reset(total=planned)  # the clock starts when measuring starts, not at rank start-up
-            bar.total = planned
-            bar.refresh()
         new = store.read_new(seen)
         for row in new.filter(new["sweep_id"] == sweep_id).iter_rows(named=True):
+            measured[0] += 1
             if bar is not None:
-                bar.set_description(f"{row['variant']} T={row['num_tokens']}")
-                bar.update(1)
+                bar.set_description(f"{row['variant']} T={row['num_tokens']}", refresh=False)
             if on_row is not None:
                 on_row(row)
+        planned = store.plan_tally(sweep_id)
+        if planned is None:
+            return
+        tally = SweepTally.from_dict(planned).with_measured(measured[0])
+        if bar is not None:
+            if bar.total != tally.total:
+                bar.reset(total=tally.total)  # the clock starts when measuring starts, not at rank start-up
+            bar.set_postfix_str(tally.describe(), refresh=False)
+            bar.update(tally.done - bar.n)
+        if on_tally is not None and tally != told[0]:
+            told[0] = tally
+            on_tally(tally)
 
     def watch() -> None:
         try:
@@ -686,8 +726,8 @@ def launch_sweep(
     if watcher_error:
         raise RuntimeError(f"on_row callback failed: {watcher_error[0]!r}") from watcher_error[0]
     result: SweepResult = results[0]
-    if bar is not None and result.skipped:
-        print(f"resumed: {result.skipped} point(s) already in {store.path} were not measured again")
-    if bar is not None and result.elsewhere:
-        print(f"{result.elsewhere} point(s) were measured by a concurrent sweep of {store.path}, not here")
+    if on_tally is not None and result.tally is not None and result.tally != told[0]:
+        on_tally(result.tally)  # the last word is rank 0's own count
+    if bar is not None and result.tally is not None and (result.skipped or result.elsewhere):
+        print(f"{result.tally.describe()} (store {store.path})")
     return result
