@@ -11,13 +11,13 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from sp_lab.cli import export, predict, replay, report, run, sweep, tune
+from sp_lab.cli import export, predict, replay, report, run, sweep, traffic, tune
 from sp_lab.cli.errors import CliError
 from sp_lab.config import ConfigError
 
 COMMAND_MODULES: dict[str, ModuleType] = {
     "run": run, "sweep": sweep, "tune": tune, "export": export, "report": report, "replay": replay,
-    "predict": predict,
+    "predict": predict, "traffic": traffic,
 }
 # What each command runs; a test may swap one.
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {name: m.run for name, m in COMMAND_MODULES.items()}

@@ -1,0 +1,55 @@
+"""``python -m sp_lab traffic``: the speedup as a ratio with its source, user errors as one line (exit 2). The
+performance model is replaced by known rows so the command runs in a second."""
+
+from __future__ import annotations
+
+import pytest
+from test_serving_verdict import rows
+
+from sp_lab.cli.dispatch import main
+from sp_lab.serving import step_costs
+
+
+@pytest.fixture
+def known_rows(monkeypatch):
+    calls = []
+
+    def fake(model, tp, gpu, dtype="bfloat16", max_tokens=8192):
+        calls.append((model, tp, gpu, dtype, max_tokens))
+        return rows(source="predicted", with_ci=False)
+
+    monkeypatch.setattr(step_costs, "predicted_rows", fake)
+    return calls
+
+
+def test_steps_file_gives_the_speedup_as_a_ratio_and_says_predicted(known_rows, tmp_path, capsys):
+    steps = tmp_path / "steps.txt"
+    steps.write_text("\n".join(["1"] * 90 + ["4096"] * 10))
+    assert main(["traffic", "--model", "llama-3-70b", "--tp", "8", "--steps", str(steps)]) == 0
+    out = capsys.readouterr().out
+    assert "rows: PREDICTED" in out
+    # every step also pays the modelled LM-head read: 128256 x 8192 bf16 weights / 8 GPUs at 4800 GB/s
+    head_us = 128256 * 8192 * 2 / 8 / 4800e3
+    speedup = (10900 + 100 * head_us) / (8900 + 100 * head_us)
+    assert f"serving speedup vs baseline: {speedup:.2f}x (predicted; sp+async_tp from 4096)" in out
+    assert known_rows == [("llama-3-70b", 8, "h200", "bfloat16", 8192)]
+
+
+def test_workload_with_concurrency_runs_under_the_budget(known_rows, capsys):
+    assert main(["traffic", "--workload", "random", "--requests", "20", "--concurrency", "4",
+                 "--max-num-batched-tokens", "4096", "--max-num-seqs", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "max_num_batched_tokens=4096, max_num_seqs=64" in out and "TTFT" in out
+
+
+def test_user_errors_are_one_line(known_rows, tmp_path, capsys):
+    assert main(["traffic", "--workload", "chatty"]) == 2
+    assert "unknown workload 'chatty'" in capsys.readouterr().err
+    assert known_rows == []  # refused before any row was predicted
+    bad = tmp_path / "t.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens\n0,x,1\n")
+    assert main(["traffic", "--trace", str(bad)]) == 2
+    assert "line 2: prompt_tokens 'x' is not an integer >= 1" in capsys.readouterr().err
+    # the default budget reaches past rows that end at 4096
+    assert main(["traffic", "--workload", "random", "--requests", "5"]) == 2
+    assert "outside the predicted rows" in capsys.readouterr().err
