@@ -90,6 +90,15 @@ class Gpu:
     """How its GPUs talk to each other."""
     sources: tuple[str, ...] = ()
     """Public sources of the numbers."""
+    system: str | None = None
+    """The aiconfigurator-core system with collected tables for this GPU (``"h200_sxm"``); ``None``: none."""
+    compute_capability: str = "9.0"
+    """CUDA compute capability (``"9.0"``): picks vLLM's all-reduce size limits."""
+
+    @property
+    def nvlink(self) -> bool:
+        """Whether its GPUs are connected by NVLink (vLLM's custom all-reduce needs it above 2 GPUs)."""
+        return self.interconnect.name.startswith("nvlink")
 
 
 @cache
@@ -109,18 +118,35 @@ def interconnect(name: str) -> Interconnect:
 
 
 def gpu_names() -> list[str]:
-    """GPUs a prediction can be made for."""
+    """GPUs a prediction can be made for (``hardware.json`` keys)."""
     return sorted(_raw()["gpus"])
 
 
+def system_aliases() -> dict[str, str]:
+    """aiconfigurator system name -> ``hardware.json`` key (``"h200_sxm"`` -> ``"h200"``): both name the GPU."""
+    return {d["system"]: key for key, d in _raw()["gpus"].items() if d.get("system")}
+
+
+def allowed_gpu_names() -> list[str]:
+    """What ``--gpu`` takes: each GPU by its aiconfigurator system name where it has one (``h200_sxm``), the others
+    (no collected tables) by their ``hardware.json`` key, then the old short names as aliases."""
+    aliases = system_aliases()
+    named = sorted({*aliases, *(k for k in _raw()["gpus"] if k not in aliases.values())})
+    old = sorted(k for s, k in aliases.items() if k != s)
+    return named + [f"{k} (= {next(s for s, v in aliases.items() if v == k)})" for k in old]
+
+
 def gpu(name: str) -> Gpu:
-    """The GPU ``name`` from ``hardware.json``; ``ValueError`` listing the allowed names otherwise."""
+    """The GPU ``name`` (a ``hardware.json`` key such as ``"h200"``, or its aiconfigurator system name such as
+    ``"h200_sxm"``); ``ValueError`` listing the allowed names otherwise."""
     known = _raw()["gpus"]
     key = str(name).lower()
+    key = system_aliases().get(key, key)
     if key not in known:
-        raise ValueError(f"unknown GPU {name!r}; allowed: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown GPU {name!r}; allowed: {', '.join(allowed_gpu_names())}")
     d = known[key]
     return Gpu(name=key, label=d["label"], peak_tflops={"bfloat16": float(d["peak_bf16_tflops"]),
                                                         "float8": float(d["peak_fp8_tflops"])},
                hbm_gbps=float(d["hbm_gbps"]), interconnect=interconnect(d["interconnect"]),
-               sources=tuple(d.get("sources", ())))
+               sources=tuple(d.get("sources", ())), system=d.get("system"),
+               compute_capability=str(d.get("compute_capability", "9.0")))

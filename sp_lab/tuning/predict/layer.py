@@ -27,6 +27,8 @@ import polars as pl
 
 from sp_lab.resources import load_preset
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, padded_tokens, tp_matmul_shapes
+from sp_lab.tuning.predict import collected
+from sp_lab.tuning.predict.collected import Lookup, SystemTables, TablesUnavailable
 from sp_lab.tuning.predict.hardware import Gpu, Interconnect, gpu
 from sp_lab.tuning.predict.kernels import (
     KernelModel,
@@ -68,6 +70,8 @@ class MatmulPrediction:
     """Matmul slow-down while copies run, used in the pipeline."""
     host_us: dict[str, float]
     """Eager host floors (0 under CUDA graphs): ``"mm"``, ``"fused"``."""
+    lookups: tuple[Lookup, ...] = ()
+    """The collected-table numbers this prediction used (empty when every term is modelled)."""
 
     @property
     def unfused_us(self) -> float:
@@ -94,16 +98,56 @@ class Target:
     """One of :data:`TIMINGS`."""
     contention_scale: float = 1.0
     """Multiplies (contention - 1): 0 = copies never slow the matmul, 2 = twice the modelled slow-down."""
+    tables: SystemTables | None = None
+    """Collected multi-GPU tables of the GPU's system (``None``: every communication and matmul term modelled)."""
+    tables_note: str = ""
+    """Why there are no tables (package missing, system without tables, turned off), with how to get them."""
 
     @classmethod
     def of(cls, gpu_name: str | Gpu, *, dtype: str = "bfloat16", timing: str = "graph",
-           interconnect: Interconnect | None = None, contention_scale: float = 1.0) -> Target:
-        """Target for a GPU name from hardware.json (``ValueError`` listing the allowed ones)."""
+           interconnect: Interconnect | None = None, contention_scale: float = 1.0, collected_tables: bool = True,
+           nccl_version: str | None = None, vllm_version: str | None = None) -> Target:
+        """Target for a GPU name from hardware.json or an aiconfigurator system name (``ValueError`` listing the
+        allowed ones). ``collected_tables``: read the system's collected tables where the package is installed
+        (NCCL / vLLM versions: the newest unless named); otherwise, and for a GPU without tables, the modelled
+        terms stand in and ``tables_note`` says why."""
         g = gpu_name if isinstance(gpu_name, Gpu) else gpu(gpu_name)
         if timing not in TIMINGS:
             raise ValueError(f"unknown timing {timing!r}; expected one of {TIMINGS}")
-        return cls(gpu=g, interconnect=interconnect or g.interconnect, dtype=canonical_dtype(dtype), timing=timing,
-                   contention_scale=contention_scale)
+        key = canonical_dtype(dtype)
+        tables, note = None, ""
+        if not collected_tables:
+            note = "collected tables turned off"
+        elif interconnect is not None:  # a what-if interconnect: the system's collected collectives do not apply
+            note = f"interconnect set to {interconnect.label} (a what-if): collected tables not used"
+        elif g.system is None:
+            with_tables = ", ".join(collected.systems_with_tables()) or "none installed"
+            note = f"{g.label} has no collected tables (systems with tables: {with_tables})"
+        elif not collected.available():
+            note = f"collected tables not installed: {collected.INSTALL_HINT}"
+        else:
+            try:
+                tables = collected.system_tables(g.system, key, nccl_version, vllm_version)
+            except TablesUnavailable as err:
+                if nccl_version or vllm_version:
+                    raise ValueError(str(err)) from err
+                note = str(err)
+        return cls(gpu=g, interconnect=interconnect or g.interconnect, dtype=key, timing=timing,
+                   contention_scale=contention_scale, tables=tables, tables_note=note)
+
+    def provenance(self) -> str:
+        """Which terms are collected and which modelled, per term."""
+        modelled = ("modelled: the fused kernels' own cost (one-rank H200 measurement, scaled), their overlap "
+                    "(chunk pipeline and contention; copy-engine transfers at the collected NCCL collective's rate "
+                    "where there is a table, else the interconnect's), norms, activation and attention (H200 "
+                    "tables scaled by datasheet peaks)")
+        if self.tables is None:
+            return (f"modelled: matmuls (H200 tables scaled by datasheet peaks) and collectives (alpha-beta, "
+                    f"{self.interconnect.label}) -- {self.tables_note}; " + modelled)
+        t = self.tables
+        mm = f"matmuls {t.gemm.label}" if t.gemm else "matmuls modelled (no collected rows for this dtype)"
+        return (f"collected: {mm}; reduce_scatter / all_gather {t.nccl.label}; baseline all_reduce as vLLM "
+                f"picks it ({t.vllm_all_reduce.label} for custom / symm-mem, {t.nccl.label} above); " + modelled)
 
     def replace(self, **changes: object) -> Target:
         """A copy with some fields changed (the crossover band perturbs bandwidth and contention)."""
@@ -116,19 +160,67 @@ def predict_matmul(kernels: KernelModel, target: Target, shape: MatmulShape, tok
     m = padded_tokens(tokens, tp)
     ic = target.interconnect
     act_bytes = kernels.bytes if shape.side == "ag" else 2  # FP8 gathers FP8 inputs; outputs stay bf16
-    comm = ic.collective_us(shape.collective, m * hidden * act_bytes, tp)
-    chunk = kernels.chunk_us(m, shape.n, shape.k, tp)
-    copy = ic.copy_us(m // tp * hidden * act_bytes)
-    kappa = 1.0 + target.contention_scale * (kernels.contention(m // tp, shape.n, shape.k, ic.copy_gbps) - 1.0)
+    lookups: list[Lookup] = []
+    if target.tables is not None and tp > 1:
+        lookups.append(target.tables.nccl.latency(shape.collective, m * hidden * act_bytes, tp, act_bytes))
+        comm = lookups[-1].us
+    else:
+        comm = ic.collective_us(shape.collective, m * hidden * act_bytes, tp)
+    gemm = target.tables.gemm if target.tables is not None else None
+    if gemm is not None:  # one chunk is one vLLM GEMM of m / tp rows against the whole weight shard
+        lookups.append(gemm.latency(max(1, m // tp), shape.n, shape.k))
+        chunk = lookups[-1].us
+        lookups.append(gemm.latency(m, shape.n, shape.k))
+        mm = lookups[-1].us
+    else:
+        chunk = kernels.chunk_us(m, shape.n, shape.k, tp)
+        mm = kernels.mm_us(m, shape.n, shape.k)
+    copy_bytes = m // tp * hidden * act_bytes
+    if lookups and tp > 1:
+        # Copies move the same bytes as the collective they replace: (tp - 1) chunks of S / tp. On a collected
+        # system they run at the rate its NCCL collective reached for this tensor -- on PCIe hosts far below the
+        # link's datasheet rate -- so the collective's collected time is split over the tp - 1 copies.
+        copy = comm / (tp - 1)
+        copy_gbps = copy_bytes / (copy * 1e3)
+    else:
+        copy, copy_gbps = ic.copy_us(copy_bytes), ic.copy_gbps
+    kappa = 1.0 + target.contention_scale * (kernels.contention(m // tp, shape.n, shape.k, copy_gbps) - 1.0)
     pipe = run_pipeline([chunk] * tp, [copy] * (tp - 1), shape.side, kappa)
     if target.timing == "eager":
         host = host_cost_us()
         hosts = {"mm": host["mm"], "fused": host[shape.side]}
     else:
         hosts = {"mm": 0.0, "fused": 0.0}
-    return MatmulPrediction(shape=shape, tokens=m, mm_us=kernels.mm_us(m, shape.n, shape.k), comm_us=comm,
+    return MatmulPrediction(shape=shape, tokens=m, mm_us=mm, comm_us=comm,
                             pipeline=pipe, overhead_us=kernels.fused_overhead_us(shape.side, m, shape.n, shape.k, tp),
-                            contention=kappa, host_us=hosts)
+                            contention=kappa, host_us=hosts, lookups=tuple(lookups))
+
+
+def plain_mm_us(kernels: KernelModel, target: Target, m: int, n: int, k: int) -> tuple[float, Lookup | None]:
+    """One unfused matmul of ``m`` rows: the collected GEMM table where the target has one, else modelled."""
+    gemm = target.tables.gemm if target.tables is not None else None
+    if gemm is None:
+        return kernels.mm_us(m, n, k), None
+    hit = gemm.latency(m, n, k)
+    return hit.us, hit
+
+
+def baseline_all_reduce(target: Target, nbytes: float, tp: int) -> tuple[float, str, Lookup | None]:
+    """The baseline's all_reduce of ``nbytes`` bf16 bytes as vLLM runs it: (us, implementation, lookup).
+
+    With collected tables: vLLM's choice (:func:`~sp_lab.tuning.predict.collected.vllm_all_reduce_impl`); the
+    custom and symmetric-memory all-reduces read the vLLM table (timed through vLLM's own dispatch, CUDA graph or
+    eager as ``target.timing``), NCCL reads the nccl-tests table. Without: the alpha-beta NCCL ring."""
+    if tp == 1:
+        return 0.0, "none", None
+    if target.tables is None:
+        return target.interconnect.collective_us("all_reduce", nbytes, tp), "nccl (modelled)", None
+    impl = collected.vllm_all_reduce_impl(target.gpu.compute_capability, tp, nbytes, nvlink=target.gpu.nvlink)
+    if impl == collected.NCCL:
+        hit = target.tables.nccl.latency("all_reduce", nbytes, tp, 2)
+    else:
+        hit = target.tables.vllm_all_reduce.latency(nbytes, tp, graph=target.timing == "graph")
+    return hit.us, impl, hit
 
 
 def matmul_rows(shapes: Sequence[MatmulShape], token_counts: Iterable[int], tp: int, hidden_size: int,
@@ -143,6 +235,8 @@ def matmul_rows(shapes: Sequence[MatmulShape], token_counts: Iterable[int], tp: 
     ``measured_shapes=False`` times every shape from the forms fitted to the tables (see :class:`KernelModel`).
     """
     target = Target.of(target) if isinstance(target, str) else target
+    if not measured_shapes:  # smooth fitted forms only (fixtures a rule must learn): no table lookups either
+        target = target.replace(tables=None, tables_note="fitted forms only (measured_shapes=False)")
     kernels = KernelModel(table or default_table(), target.gpu, target.dtype, measured_shapes=measured_shapes)
     rows = []
     for shape in shapes:
@@ -216,7 +310,11 @@ def predict_layers(
         pairs = [predict_matmul(kernels, target, s, t, tp, hidden) for s in shapes]
         m = padded_tokens(t, tp)
         eager_mm = host_cost_us()["mm"] if target.timing == "eager" else 0.0
-        plain = sum(max(kernels.mm_us(t, s.n, s.k), eager_mm) for s in shapes)
+        plain_hits = [plain_mm_us(kernels, target, t, s.n, s.k) for s in shapes]
+        plain = sum(max(us, eager_mm) for us, _ in plain_hits)
+        ar_us, ar_impl, ar_hit = baseline_all_reduce(target, t * hidden * 2, tp)
+        hits = [h for _, h in plain_hits if h is not None] + [h for p in pairs for h in p.lookups]
+        outside = sorted({f"{h.table}: {h.grid}" for h in [*hits, ar_hit] if h is not None and h.outside})
         norm_bytes = 4 * hidden * 2  # fused add + RMSNorm: read x and residual, write both, per token
         # same in every variant: attention, and SiLU(gate) * up reading 2 I / tp and writing I / tp per token
         act = kernels.elementwise_us(t * 3 * dims["intermediate_size"] // tp * 2)
@@ -229,7 +327,7 @@ def predict_layers(
         for variant, fuse in choices.items():
             if fuse is None:
                 matmul = plain
-                comm = 2 * ic.collective_us("all_reduce", t * hidden * 2, tp)
+                comm = 2 * ar_us
                 norm = 2 * kernels.elementwise_us(t * norm_bytes)
             else:
                 matmul = sum(p.fused_us if f else p.unfused_us - p.comm_us for p, f in zip(pairs, fuse, strict=True))
@@ -239,15 +337,23 @@ def predict_layers(
             rows.append({"num_tokens": t, "variant": variant, "latency_us": layers * (matmul + comm + norm + attn),
                          "matmul_us": layers * matmul, "comm_us": layers * comm, "norm_us": layers * norm,
                          "same_in_all_us": layers * attn,
-                         "n_fused": n_fused * layers, "fusion_fired": n_fused > 0, "fusion_missing": False})
+                         "n_fused": n_fused * layers, "fusion_fired": n_fused > 0, "fusion_missing": False,
+                         "all_reduce_impl": ar_impl if fuse is None else "-", "outside_grid": "; ".join(outside)})
     estimated = ", ".join(f"{n}x{k}" for n, k in sorted(kernels.estimated)) or "none"
+    if target.tables is not None and target.tables.gemm is not None:
+        estimated = "none (collected GEMM table)"
     return pl.DataFrame(rows).with_columns(
         model=pl.lit(model_name(spec)), tp=pl.lit(tp), num_layers=pl.lit(layers), hidden_size=pl.lit(hidden),
         dtype=pl.lit(target.dtype), device_name=pl.lit(f"predicted: {tp}x {target.gpu.label}"),
         device_count=pl.lit(tp), gpu=pl.lit(target.gpu.name), interconnect=pl.lit(ic.name),
         source=pl.lit(PREDICTED), timing_method=pl.lit(f"predicted ({target.timing})"),
         estimated_shapes=pl.lit(estimated),
-        note=pl.lit("performance model: H200 kernel tables + alpha-beta communication; "
+        system=pl.lit(target.gpu.system or target.gpu.name),
+        tables=pl.lit("collected" if target.tables is not None else "modelled"),
+        provenance=pl.lit(target.provenance()),
+        note=pl.lit(("performance model: collected multi-GPU tables (aiconfigurator-core) + modelled fused kernels; "
+                     if target.tables is not None else
+                     "performance model: H200 kernel tables + alpha-beta communication; ")
                     + ("attention and activation included" if full_layer else "attention excluded")
                     + "; embeddings and LM head excluded"),
     )
