@@ -18,7 +18,16 @@ HELP = ("predicted curves, crossover and config for GPUs that are not here (sour
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3-70b", help="preset to predict (default llama-3-70b)")
     p.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel size (default 8)")
-    p.add_argument("--gpu", default="h200", help="h100, h100-hbm2e, h100-pcie, h200, h800 or b200 (default h200)")
+    p.add_argument("--gpu", default="h200_sxm",
+                   help="a system with collected tables (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, "
+                   "rtx_pro_6000_server; h100, h200, b200 are aliases) or one modelled only (h800, h100-hbm2e, "
+                   "h100-pcie); default h200_sxm")
+    p.add_argument("--nccl-version", default=None, help="collected NCCL table version (default: the newest)")
+    p.add_argument("--vllm-version", default=None, help="collected vLLM table version (default: the newest)")
+    p.add_argument("--modelled-only", action="store_true",
+                   help="ignore the collected tables (aiconfigurator-core): every term modelled")
+    p.add_argument("--cross-check", action="store_true",
+                   help="print the baseline beside NVIDIA AIConfigurator's estimate (Llama 3.1 70B, tp 8, h200_sxm)")
     p.add_argument("--dtype", default="bfloat16",
                    help="matmul dtype: bfloat16, fp8 (rowwise scales, as vLLM) or fp8-tensorwise (as torchtitan)")
     p.add_argument("--tokens", type=token_list, default=None, help="comma-separated token counts for the curves")
@@ -33,11 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from sp_lab.tuning.predict import advice, validation
 
+    if args.cross_check:
+        from sp_lab.tuning.predict.crosscheck import cross_check_markdown, cross_check_table
+
+        print(cross_check_markdown(cross_check_table()))
+        return 0
     if args.validate:
+        from sp_lab.tuning.predict.crosscheck import cross_check_markdown, cross_check_table
         from sp_lab.tuning.predict.measured import tp1_comparison, tp1_markdown
 
         table = validation.validation_table()
         print(validation.validation_markdown(table))
+        print("Beside an independent estimator (AIConfigurator):\n")
+        print(cross_check_markdown(cross_check_table()))
         print("Beside measured rows of the same setup:\n")
         print(tp1_markdown(tp1_comparison()))
         if args.write is not None:
@@ -51,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
             from sp_lab.rules import MatmulRule
 
             kwargs["rule"] = MatmulRule.from_json(args.rule)
-        prediction = advice.predict(args.model, args.tp, args.gpu, dtype=args.dtype, **kwargs)
+        prediction = advice.predict(args.model, args.tp, args.gpu, dtype=args.dtype, nccl_version=args.nccl_version,
+                                    vllm_version=args.vllm_version, collected_tables=not args.modelled_only, **kwargs)
     except ValueError as e:
         raise CliError(str(e)) from e
     print(prediction.text())

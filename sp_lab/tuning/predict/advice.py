@@ -88,10 +88,10 @@ class Prediction:
         lines = [
             (f"PREDICTED (source: {PREDICTED}), not measured: {self.model}, tp {self.tp}, {self.tp}x {g.label}, "
             f"{self.target.dtype}, {self.target.timing} timing"),
-            (f"  interconnect {ic.label}: busbw {ic.busbw_gbps:.0f} GB/s, alpha {ic.alpha_us:g} us, copies "
-            f"{ic.copy_gbps:.0f} GB/s (sources in data/hardware.json)"),
-            ("  kernels: single-GPU tables measured on one H200 (torch 2.11), scaled by datasheet peaks; fused ops "
-            "as chunk pipelines with contention and their own measured cost"),
+            (f"  interconnect {ic.label}: " + ("collectives from the collected tables below" if self.target.tables
+             else f"busbw {ic.busbw_gbps:.0f} GB/s, alpha {ic.alpha_us:g} us, copies {ic.copy_gbps:.0f} GB/s "
+             "(sources in data/hardware.json)")),
+            f"  terms: {self.target.provenance()}",
             "",
             f"Predicted latency, {layers} decoder layers (attention and activation included; embeddings and LM head excluded), ms:",
             head,
@@ -116,15 +116,20 @@ class Prediction:
 
 
 def predict(model: str, tp: int, gpu: str = "h200", *, tokens: Sequence[int] = DEFAULT_TOKENS,
-            dtype: str = "bfloat16", timing: str = "graph", rule: MatmulRule | None = None) -> Prediction:
-    """Predict ``model`` (a preset) at ``tp`` on 8-GPU boards of ``gpu``; ``ValueError`` naming the allowed
-    models / GPUs / dtypes for a bad one. ``rule``: the per-matmul rule of the ``tuned`` curve (default: the
-    one the model implies, fusing each matmul where its predicted fused time is smaller)."""
+            dtype: str = "bfloat16", timing: str = "graph", rule: MatmulRule | None = None,
+            nccl_version: str | None = None, vllm_version: str | None = None,
+            collected_tables: bool = True) -> Prediction:
+    """Predict ``model`` (a preset) at ``tp`` on 8-GPU boards of ``gpu`` (a system such as ``"h200_sxm"`` or a
+    ``hardware.json`` name); ``ValueError`` naming the allowed models / GPUs / dtypes / table versions for a bad
+    one. ``rule``: the per-matmul rule of the ``tuned`` curve (default: the one the model implies, fusing each
+    matmul where its predicted fused time is smaller). Collected tables are read where installed (newest
+    versions unless named); ``collected_tables=False`` predicts from the modelled terms only."""
     if tp > BOARD_GPUS:
         raise ValueError(f"tp={tp}: predictions model one {BOARD_GPUS}-GPU board (its NVLink / NVSwitch); "
                          f"tensor parallelism across nodes is not modelled: pick a tp of at most {BOARD_GPUS}")
     check_model(model)
-    target = Target.of(gpu, dtype=dtype, timing=timing)
+    target = Target.of(gpu, dtype=dtype, timing=timing, nccl_version=nccl_version, vllm_version=vllm_version,
+                       collected_tables=collected_tables)
     rows = predict_layers(model, tp, tokens, target, num_layers=num_layers_of(model), full_layer=True,
                           rule=rule if rule is not None else PREDICTED_RULE)
     name = "per-matmul rule the model implies" if rule is None else f"given rule {rule.uuid()[:8]}"

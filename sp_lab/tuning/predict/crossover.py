@@ -65,7 +65,9 @@ def crossover_tokens(rows: pl.DataFrame, variant: str = SP_ASYNC_TP, against: st
     return None if start is None else int(start)
 
 
-def _perturbed(target: Target) -> list[Target]:
+def perturbed_targets(target: Target) -> list[Target]:
+    """``target`` with each uncertain modelled input moved one step: interconnect bandwidths x0.8 / x1.25 and
+    alphas x0.5 / x2 (they set the communication only where no collected table does), contention off / doubled."""
     ic = target.interconnect
     bw = [dataclasses.replace(ic, busbw_gbps=ic.busbw_gbps * f, copy_gbps=ic.copy_gbps * f) for f in (0.8, 1.25)]
     alpha = [dataclasses.replace(ic, alpha_us=ic.alpha_us * f, copy_alpha_us=ic.copy_alpha_us * f) for f in (0.5, 2.0)]
@@ -80,7 +82,7 @@ def predicted_crossover(spec: ModelDescription, tp: int, target: Target | str, *
     target = Target.of(target) if isinstance(target, str) else target
     nominal = crossover_tokens(predict_layers(spec, tp, grid, target, num_layers=1, table=table), variant, against)
     seen = [crossover_tokens(predict_layers(spec, tp, grid, t, num_layers=1, table=table), variant, against)
-            for t in _perturbed(target)]
+            for t in perturbed_targets(target)]
     seen.append(nominal)
     crossing = [x for x in seen if x is not None]
     low = min(crossing) if crossing else None

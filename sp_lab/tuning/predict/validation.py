@@ -242,7 +242,36 @@ Per decoder layer and token count T (padded to a multiple of tp for the SP varia
   runs the matmul is slowed by a contention factor (below). Added to that: the fused op's own cost;
 - **tuned**: as sp, each matmul fused or not by a per-matmul rule.
 
-Ingredients, and where each comes from:
+Ingredients, and where each comes from. **Collected** where NVIDIA's `aiconfigurator-core` 0.12.0 is installed
+(`pip install "sp_lab[tables]"`, part of the `dev` extra `make install` uses; an ~80 MB wheel for Linux and
+macOS, Python 3.11-3.13): tables its collector timed on real 8-GPU systems, read with polars from
+`aiconfigurator_core/systems/data/<system>/` for the systems `--gpu` names (`h100_sxm`, `h200_sxm`, `b200_sxm`,
+`a100_sxm`, `l40s`, `rtx_pro_6000_server`; `h100`, `h200`, `b200` are aliases), newest NCCL / vLLM version unless
+`--nccl-version` / `--vllm-version` names one:
+
+- **Matmuls at the shard shapes** (plain and each fused kernel's tp chunk of T / tp rows): vLLM's own GEMM
+  kernels (`gemm/vllm/<version>/gemm_perf.parquet`: `F.linear` bf16, CUTLASS scaled-mm FP8), interpolated in
+  log-log between the grid's (m, n, k) points; a shape outside the grid is scaled from its edge and named in the
+  rows' `outside_grid` column.
+- **reduce_scatter / all_gather**: nccl-tests (`comm/nccl/<version>/nccl_perf.parquet`). Its `message_size`
+  counts elements (the collector stores `bytes // bytes_per_element`: 2 for `half`, 1 for `int8`) of the whole
+  tensor; FP8 all_gathers read the `int8` rows.
+- **The baseline's all_reduce as vLLM runs it**: vLLM's `CudaCommunicator.all_reduce` tries its custom
+  all-reduce first (`should_custom_ar`: 2 GPUs or NVLink, tensor below `CustomAllreduce`'s `max_size`, 8 MiB,
+  lowered per compute capability and GPU count by `CUSTOM_ALL_REDUCE_MAX_SIZES` in
+  `vllm/distributed/device_communicators/all_reduce_utils.py` while PyTorch symmetric memory is on, the default:
+  on SM 9.0 at 8 GPUs 256 KiB), then PyTorch's symmetric-memory all-reduce below `SYMM_MEM_ALL_REDUCE_MAX_SIZES`
+  (SM 9.0, 8 GPUs: 64 MiB), then NCCL. Custom and symmetric-memory sizes read the vLLM table
+  (`comm/vllm/<version>/custom_allreduce_perf.parquet`, timed through vLLM's own dispatch, CUDA graph or eager
+  as the prediction's timing); NCCL sizes the nccl-tests table. On more than two PCIe-only GPUs vLLM disables
+  the custom all-reduce.
+- **The fused kernels' copies**: as many bytes as the collective they replace, at the rate the collected NCCL
+  collective reached for that tensor (its time over the tp - 1 copies): on PCIe hosts far below the link's
+  datasheet rate.
+
+What stays **modelled** everywhere (each row's `provenance` column says it per term): the fused kernels' own cost
+and the overlap inside them (below), norms, activation, attention. Without the package, or for a GPU without
+tables (`h800`, `h100-hbm2e`, `h100-pcie`), every term is modelled as follows and the prediction says so:
 
 - **Matmul and chunked-matmul times**: measured on one H200 at the shard shapes (bf16, CUDA-graph replay,
   `data/h200/matmul_single_gpu.json`, `gemm_chunking_tp8.json`). Shapes not measured come from a
@@ -318,9 +347,44 @@ _PAGE_TAIL = """
 """
 
 
+_PAGE_CROSS = """
+## Beside an independent estimator: AIConfigurator
+
+The baseline (no SP) for a whole Llama 3.1 70B forward beside NVIDIA AIConfigurator's estimate for the same
+model, system, tp and token counts (`python -m sp_lab predict --cross-check` prints it; where `aiconfigurator-core`
+is installed its estimator runs there, otherwise the values its CLI printed are shown). The two share the collected
+GEMM and all-reduce tables, so they agree where those dominate (prefill); at decode AIConfigurator adds per-kernel
+floors sp_lab's model lacks: its norms cost ~1.5 us each (empirical) where sp_lab's are a memory-bound pass of one
+token's bytes, and its decode attention reads the KV cache with the paged-attention kernel's own floor (~11 us per
+layer) where sp_lab takes its H200 prefill-attention table at one token (~5 us).
+
+"""
+
+
+def systems_markdown(model: str = "llama-3-70b", tp: int = 8, tokens: tuple[int, ...] = (256, 2048, 16384)) -> str:
+    """Predicted speedup of sp+async_tp and sp over baseline per system (where SP + AsyncTP pays most)."""
+    from sp_lab.tuning.predict.hardware import gpu, system_aliases
+
+    lines = [(f"{model}, tp {tp}, bf16, CUDA graphs: baseline latency / variant latency (above 1: the variant is "
+             "faster); `tables` says whether the system's collected tables were read."), "",
+             "| system | tables | " + " | ".join(f"{t} tokens: sp+async_tp, sp" for t in tokens) + " |",
+             "|---|---|" + "---|" * len(tokens)]
+    for system in sorted(system_aliases()):
+        target = Target.of(gpu(system))
+        rows = predict_layers(model, tp, list(tokens), target, full_layer=True)
+        wide = rows.pivot(on="variant", index="num_tokens", values="latency_us").sort("num_tokens")
+        cells = [f"{r['baseline'] / r['sp+async_tp']:.2f}x, {r['baseline'] / r['sp']:.2f}x"
+                 for r in wide.iter_rows(named=True)]
+        lines.append(f"| {system} | {'collected' if target.tables else 'modelled'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def predictions_page(table: pl.DataFrame) -> str:
-    """The whole docs/predictions.md: assumptions, the validation table, the measured comparison."""
+    """The whole docs/predictions.md: assumptions, the validation table, the cross-check, the measured
+    comparison, the systems."""
+    from sp_lab.tuning.predict.crosscheck import cross_check_markdown, cross_check_table
     from sp_lab.tuning.predict.measured import tp1_comparison, tp1_markdown
 
-    return (_PAGE_HEAD + validation_markdown(table) + _PAGE_MEASURED + tp1_markdown(tp1_comparison())
-            + _PAGE_TAIL)
+    return (_PAGE_HEAD + validation_markdown(table) + _PAGE_CROSS + cross_check_markdown(cross_check_table())
+            + "\n## Where SP + AsyncTP pays, per system\n\n" + systems_markdown()
+            + _PAGE_MEASURED + tp1_markdown(tp1_comparison()) + _PAGE_TAIL)
