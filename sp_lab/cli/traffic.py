@@ -71,7 +71,7 @@ def _traffic(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from sp_lab.serving.scheduler import SchedulerLimits
-    from sp_lab.serving.step_costs import LatencyCurves, measured_rows, predicted_rows, shared_terms
+    from sp_lab.serving.step_costs import LatencyCurves, measured_rows, predicted_curves, shared_terms
     from sp_lab.serving.verdict import evaluate
 
     if args.validate:
@@ -89,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
         limits = SchedulerLimits(args.max_num_batched_tokens, args.max_num_seqs)
         if args.measured_store is not None:
             rows = measured_rows(args.measured_store, args.model, args.tp, dtype=args.dtype, device_name=args.device)
+            curves = LatencyCurves.from_rows(rows, shared=shared_terms(args.model, args.tp, args.gpu))
             print(f"rows: measured, from {args.measured_store}")
         else:
-            rows = predicted_rows(args.model, args.tp, args.gpu, args.dtype, max_tokens=args.max_num_batched_tokens)
+            curves = predicted_curves(args.model, args.tp, args.gpu, dtype=args.dtype,
+                                      max_tokens=args.max_num_batched_tokens)
             print("rows: PREDICTED by sp_lab's performance model (no --store given)")
-        curves = LatencyCurves.from_rows(rows, shared=shared_terms(args.model, args.tp, args.gpu))
         verdict = evaluate(curves, _traffic(args), limits=limits)
     except ValueError as e:
         raise CliError(str(e)) from e

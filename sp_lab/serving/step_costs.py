@@ -27,8 +27,8 @@ import polars as pl
 from sp_lab.serving.scheduler import StepPrice
 from sp_lab.vocabulary import MEASURED
 
-__all__ = ["Curve", "LatencyCurves", "SharedTerms", "measured_rows", "predicted_rows", "predicted_token_grid",
-           "shared_terms"]
+__all__ = ["Curve", "LatencyCurves", "SharedTerms", "measured_rows", "predicted_curves", "predicted_rows",
+           "predicted_token_grid", "shared_terms"]
 
 
 def predicted_token_grid(max_tokens: int) -> list[int]:
@@ -213,3 +213,10 @@ class LatencyCurves:
         """Which of ``counts`` fall between two rows of ``variant`` (priced by interpolation)."""
         return ~np.isin(counts, self.curve(variant).tokens)
 
+
+
+def predicted_curves(model: str, tp: int, gpu: str, *, dtype: str = "bfloat16", max_tokens: int = 8192
+                     ) -> LatencyCurves:
+    """:class:`LatencyCurves` of :func:`predicted_rows` with the modelled :func:`shared_terms` added."""
+    return LatencyCurves.from_rows(predicted_rows(model, tp, gpu, dtype, max_tokens=max_tokens),
+                                   shared=shared_terms(model, tp, gpu))

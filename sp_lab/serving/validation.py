@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sp_lab.serving.scheduler import SchedulerLimits
-from sp_lab.serving.step_costs import LatencyCurves, predicted_rows, shared_terms
+from sp_lab.serving.step_costs import predicted_curves
 from sp_lab.serving.traffic import Request, Traffic
 from sp_lab.serving.verdict import NOISE_BAND, TrafficVerdict, evaluate
 from sp_lab.serving.workloads import workload
 
-__all__ = ["AICONFIGURATOR_FIGURES", "SEED_CASES", "Check", "StaticFigure", "curves_for", "pays_grid",
+__all__ = ["AICONFIGURATOR_FIGURES", "SEED_CASES", "Check", "StaticFigure", "pays_grid",
            "seed_checks", "static_checks", "validation_text"]
 
 
@@ -45,8 +45,8 @@ class Check:
 
     def line(self) -> str:
         """``PASS``/``FAIL`` with the number and its band."""
-        return (f"{'PASS' if self.ok else 'FAIL'}  {self.what}: {self.value:.3g}{self.unit} "
-                f"(band {self.low:.3g}-{self.high:.3g}{self.unit})")
+        return (f"{'PASS' if self.ok else 'FAIL'}  {self.what}: {self.value:.3f}{self.unit} "
+                f"(band {self.low:.2f}-{self.high:.2f}{self.unit})")
 
 
 SEED_CASES = (("llama-2-7b", 2, "h100"), ("llama-2-7b", 2, "h200"), ("llama-3-70b", 8, "h100"), ("llama-3-70b", 8, "h200"))
@@ -55,12 +55,6 @@ SEED_POLICY = "sp+async_tp from"
 """The policy judged against the seed: SP + AsyncTP from the rows' threshold."""
 DRAFT_POLICY = "draft: per-matmul rule from"
 """Printed beside it: the draft's own setting, with the rule the predicted rows imply (not the draft's tree)."""
-
-
-def curves_for(model: str, tp: int, gpu: str, max_tokens: int = 8192) -> LatencyCurves:
-    """Predicted curves with the modelled shared terms, for a preset at ``tp`` on ``gpu``."""
-    return LatencyCurves.from_rows(predicted_rows(model, tp, gpu, max_tokens=max_tokens),
-                                   shared=shared_terms(model, tp, gpu))
 
 
 def _max_model_len(model: str) -> int:
@@ -75,7 +69,7 @@ def seed_checks(n: int = 1000, concurrency: int = 64) -> list[tuple[Check, Traff
     out = []
     for model, tp, gpu in SEED_CASES:
         traffic = workload("chat").traffic(n, concurrency=concurrency, max_model_len=_max_model_len(model))
-        v = evaluate(curves_for(model, tp, gpu), traffic)
+        v = evaluate(predicted_curves(model, tp, gpu), traffic)
         r = v.result(v.judged)
         out.append((Check(f"{model} tp {tp} {gpu}, chat, {r.policy}", r.speedup, *NOISE_BAND), v))
     return out
@@ -113,7 +107,7 @@ STATIC_TOLERANCE = 0.10
 def static_checks(tolerance: float = STATIC_TOLERANCE) -> list[Check]:
     """Baseline TTFT / TPOT of each :data:`AICONFIGURATOR_FIGURES` static batch, from predicted llama-3-70b rows
     at tp 8 on the H200, within ``tolerance`` of AIConfigurator."""
-    curves = curves_for("llama-3-70b", 8, "h200")
+    curves = predicted_curves("llama-3-70b", 8, "h200")
     out = []
     for fig in AICONFIGURATOR_FIGURES:
         output = 2 if fig.metric == "ttft" else 32
@@ -135,7 +129,7 @@ def pays_grid(model: str = "llama-3-70b", tp: int = 8, gpus: Sequence[str] = ("h
     out = []
     limits = SchedulerLimits(max_num_batched_tokens, min(1024, max_num_batched_tokens))
     for gpu in gpus:
-        curves = curves_for(model, tp, gpu, max_tokens=max_num_batched_tokens)
+        curves = predicted_curves(model, tp, gpu, max_tokens=max_num_batched_tokens)
         for name in workloads:
             traffic = workload(name).traffic(n, concurrency=concurrency, max_model_len=_max_model_len(model))
             v = evaluate(curves, traffic, limits=limits)

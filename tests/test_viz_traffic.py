@@ -1,0 +1,38 @@
+"""The serving plots: their data from a verdict worked out by hand, and figures that carry it (smoke-tested)."""
+
+from __future__ import annotations
+
+import pytest
+from test_serving_verdict import rows
+
+from sp_lab.serving.scheduler import SchedulerLimits
+from sp_lab.serving.step_costs import LatencyCurves
+from sp_lab.serving.traffic import Request, Traffic
+from sp_lab.serving.verdict import evaluate
+from sp_lab.viz.traffic import curves_data, histogram_data, latencies_data, plot_latencies, plot_step_sizes
+
+
+def test_step_size_plot_carries_the_histogram_the_curves_and_both_thresholds():
+    curves = LatencyCurves.from_rows(rows())
+    v = evaluate(curves, [1] * 90 + [4096] * 10)
+    hist = histogram_data(v)
+    assert hist.select("low", "high", "steps").rows() == [(1, 1, 90), (4096, 8191, 10)]
+    assert curves_data(curves).height == 6
+    fig = plot_step_sizes(v, curves)
+    names = [t.name for t in fig.data]
+    assert "baseline (measured)" in names and "share of step time" in names
+    time_trace = next(t for t in fig.data if t.name == "share of step time")
+    assert list(time_trace.x) == [1, 2, 4096, 8192]
+    assert list(time_trace.y) == pytest.approx([100 * 900 / 10900] * 2 + [100 * 10000 / 10900] * 2)
+    assert "MEASURED" in fig.layout.title.text
+    assert any("threshold per count: 4096" in a.text for a in fig.layout.annotations)
+
+
+def test_latency_plot_has_ttft_and_tpot_per_policy_and_refuses_a_step_list():
+    curves = LatencyCurves.from_rows(rows())
+    v = evaluate(curves, Traffic.of([Request(0, 64, 3), Request(0, 1, 5)]), limits=SchedulerLimits(4096, 8))
+    data = latencies_data(v)
+    assert set(data["metric"]) == {"TTFT", "TPOT"} and data.height == 6 * len(v.results)
+    assert len(plot_latencies(v).data) == 6
+    with pytest.raises(ValueError, match="no TTFT or TPOT"):
+        plot_latencies(evaluate(curves, [1, 2]))
