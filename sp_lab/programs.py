@@ -21,13 +21,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP, TUNED
+from sp_lab.vocabulary import ALWAYS, BASELINE, NEVER, SP, SP_ASYNC_TP, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
 
 __all__ = ["PROGRAMS", "REFERENCE_VARIANTS", "REWRITE_LEVEL", "VARIANTS", "Expectation", "Policy", "Program",
-           "expectation", "variant_config", "variant_run"]
+           "closest_policy", "expectation", "variant_config", "variant_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,3 +217,15 @@ class Policy:
         """JSON form: the name, the steps and the one-threshold value (``"never"`` when it switches nowhere)."""
         return {"name": self.name, "steps": [list(s) for s in self.steps],
                 "threshold": NEVER if self.threshold is None else self.threshold}
+
+
+def closest_policy(config: LabConfig, name: str) -> Policy:
+    """The policy a closest choice (:attr:`sp_lab.vllm_releases.VllmExport.closest`) runs: ``never`` plain TP
+    everywhere; ``always`` SP everywhere, fused with AsyncTP only where ``config`` fuses (an SP-only config's fallback
+    stays SP-only). The regret written beside an exported choice comes from here, and the exporter writes the same
+    programs (``sp_lab.vllm_releases``: ``always`` fuses exactly when ``config.enable_async_tp``)."""
+    if name == NEVER:
+        return Policy.constant(BASELINE)
+    if name == ALWAYS:
+        return Policy.constant(SP_ASYNC_TP if config.enable_async_tp else SP)
+    raise ValueError(f"unknown closest choice {name!r}; the choices are {NEVER!r} and {ALWAYS!r}")

@@ -14,13 +14,19 @@ every entry names the wheel and the file). What gates SP (``VllmRelease.sp_gate`
   field is ``compile_ranges_split_points`` in 0.17, ``compile_ranges_endpoints`` from 0.18;
   ``splitting_ops: []`` is needed up to 0.19 (from 0.20 vLLM empties it itself when SP is on).
 - ``removed`` (0.32 on): the SP and AsyncTP compile passes are gone, and so are their fields (a config naming
-  them is rejected). SP lives in model code (``vllm/models/common/ops/sequence_parallel.py``): see
-  :mod:`sp_lab.tuning.model_sp` for the per-matmul table a model author uses there.
+  them is rejected). SP lives in model code (``vllm/models/common/ops/sequence_parallel.py``), in a few models
+  only: :mod:`sp_lab.vllm_models` says per release and model where, and the edit that applies a tuned gate.
 
 :func:`vllm_export` writes a :class:`~sp_lab.config.LabConfig` for one release: the ``--compilation-config``
 object where the release can run the policy (SP exactly where the policy runs it), else ``not_expressible``
-with the reason and the expressible policies closest to it. The CUDA-graph mode the user chose is kept; it is
-never switched on (``cudagraph_mode`` is always written: vLLM's default would capture graphs).
+with the reason and the expressible policies closest to it. Up to 0.31 the CUDA-graph mode the user chose is kept
+and never switched on (``cudagraph_mode`` is always written: vLLM's default would capture graphs, and SP needs the
+whole graph). From 0.32 the compile config has nothing for SP, so the object is empty: the line changes nothing
+(CUDA graphs included), and a model with built-in SP keeps it. A line that gates SP by token count also sets
+``--max-num-batched-tokens`` (the compile ranges and vLLM's clamp of the threshold depend on it).
+
+This module reads a config's gates only (:class:`SpGates`); it imports neither :mod:`sp_lab.config` nor
+:mod:`sp_lab.programs`, so the config can write itself for a release (``LabConfig.to_vllm``) without a circle.
 """
 
 from __future__ import annotations
@@ -32,16 +38,12 @@ import shlex
 import warnings
 from functools import cache
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from sp_lab.resources import DATA_DIR
-from sp_lab.vocabulary import BASELINE, NEVER, SP, SP_ASYNC_TP
+from sp_lab.vocabulary import ALWAYS, NEVER
 
-if TYPE_CHECKING:
-    from sp_lab.config import LabConfig
-    from sp_lab.programs import Policy
-
-__all__ = ["ALWAYS", "DEFAULT_RELEASE", "VllmExport", "VllmRelease", "closest_policy", "installed_release",
+__all__ = ["ALWAYS", "DEFAULT_RELEASE", "SpGates", "VllmExport", "VllmRelease", "installed_release",
            "installed_table_release", "release", "releases", "resolve_release", "target_release", "unknown_fields",
            "vllm_export", "vllm_sp_min_token_num"]
 
@@ -49,8 +51,21 @@ RELEASES_FILE = DATA_DIR / "vllm" / "releases.json"
 """The release table, read from each release's wheel."""
 
 SpGate = Literal["static_sizes", "every_size", "sp_min_token_num", "removed"]
-ALWAYS = "always"
-"""The policy that runs SP (+ AsyncTP) at every token count, a fallback where a threshold cannot be written."""
+
+
+class SpGates(Protocol):
+    """What the exporter reads of a config (:class:`sp_lab.config.LabConfig` has all of it)."""
+
+    tp_size: int
+    enable_sp: bool
+    enable_async_tp: bool
+    async_tp_min_tokens: int
+    max_num_tokens: int
+    heuristic: object | None
+    cudagraph_mode: str | None
+
+    @property
+    def sp_start(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +105,10 @@ class VllmRelease:
     """vLLM's built-in ``sp_min_token_num`` default: ``min_hidden_size`` and ``min_per_gpu_size_mb`` by device
     capability (``"90"``, ``"100"``) and the file."""
     model_sp: dict[str, Any] | None
-    """The model-level SP helpers of ``vllm/models/common/ops/sequence_parallel.py``, where present."""
+    """The model-level SP helpers of ``vllm/models/common/ops/sequence_parallel.py``, where present (which models
+    use them, and where their thresholds live: :mod:`sp_lab.vllm_models`)."""
+    wheel_sha256: str | None = None
+    """The wheel's sha256 where it was recorded when the entry was read (entries read before that have none)."""
 
     @property
     def minor(self) -> str:
@@ -239,11 +257,8 @@ class VllmExport:
     """A config written for one vLLM release: the ``--compilation-config`` object, or why there is none."""
 
     release: VllmRelease
-    policy: str
-    """The policy's name (:attr:`sp_lab.programs.Policy.name`: ``"baseline everywhere (SP and AsyncTP never)"``,
-    ``"baseline below 256, sp+async_tp from 256"``, ...)."""
     compilation_config: dict[str, Any] | None
-    """The object for ``vllm serve --compilation-config``; ``None`` when not expressible."""
+    """The object for ``vllm serve --compilation-config`` (``{}``: nothing to pass); ``None`` when not expressible."""
     not_expressible: str | None
     """Why this release cannot run the policy (``None`` when it can)."""
     closest: dict[str, dict[str, Any]]
@@ -255,23 +270,36 @@ class VllmExport:
     notes: tuple[str, ...] = ()
     """What changed on the way (a version read as the table's release of its minor, a CUDA-graph mode vLLM cannot
     keep beside SP, a per-matmul rule left out)."""
+    max_num_batched_tokens: int | None = None
+    """The ``--max-num-batched-tokens`` the object assumes (it gates SP by token count: the compile ranges end
+    there and vLLM lowers ``sp_min_token_num`` to it), ``None`` where the object does not depend on it."""
 
     def serve_line(self, model: str = "MODEL", tp_size: int | None = None, *, choice: str | None = None) -> str:
         """The ``vllm serve`` command that applies it; when not expressible, that of the closest choice named
-        ``choice`` (default the first, ``"never"``)."""
-        config = self.compilation_config
+        ``choice`` (default the first, ``"never"``). ``model``: what vLLM loads (a Hugging Face id or a checkpoint
+        directory: :func:`sp_lab.vllm_models.served_model`). An empty object adds no ``--compilation-config``."""
+        config, batched = self.compilation_config, self.max_num_batched_tokens
         if config is None:
             if not self.closest:
                 return ""
             config = self.closest[choice or next(iter(self.closest))]["compilation_config"]
-        tp = f" --tensor-parallel-size {tp_size}" if tp_size else ""
-        return f"vllm serve {model}{tp} --compilation-config {shlex.quote(json.dumps(config, separators=(',', ':')))}"
+            batched = None  # the closest choices gate nothing by token count
+        parts = ["vllm serve", shlex.quote(model)]
+        if tp_size:
+            parts.append(f"--tensor-parallel-size {tp_size}")
+        if batched:
+            parts.append(f"--max-num-batched-tokens {batched}")
+        if config:
+            parts.append(f"--compilation-config {shlex.quote(json.dumps(config, separators=(',', ':')))}")
+        return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """The exported file's ``vllm`` section (without the closest choices' regret, which needs rows)."""
         out: dict[str, Any] = {"release": self.release.version, "does": self.does}
         if self.compilation_config is not None:
             out["compilation_config"] = self.compilation_config
+            if self.max_num_batched_tokens is not None:
+                out["max_num_batched_tokens"] = self.max_num_batched_tokens
         else:
             out["not_expressible"] = self.not_expressible
             out["closest"] = {k: dict(v) for k, v in self.closest.items()}
@@ -280,29 +308,26 @@ class VllmExport:
         return out
 
 
-def vllm_export(config: LabConfig, version: str = DEFAULT_RELEASE) -> VllmExport:
+def vllm_export(config: SpGates, version: str = DEFAULT_RELEASE) -> VllmExport:
     """``config`` written for vLLM ``version`` (:class:`VllmExport`; a version read as another table entry says so in
     its notes); ``KeyError`` for a release the table cannot place (:func:`resolve_release`)."""
-    from sp_lab.programs import Policy
-
     rel, read_as = resolve_release(version)
-    policy = Policy.of(config).name
     sp = config.enable_sp and config.tp_size > 1
     fused = sp and config.enable_async_tp
     start = config.sp_start
     graphs, graph_note = _cudagraph_mode(config, whole_graph=sp)
-    notes = tuple(n for n in (read_as, graph_note) if n)
+    notes = tuple(n for n in (read_as, graph_note if rel.sp_gate != "removed" else None) if n)
     if sp and fused and config.heuristic is not None:
         notes += ("the per-matmul fusion rule stays in the sp_lab section: vLLM fuses every matmul SP exposes",)
     reason = None
     if not sp:
-        return VllmExport(rel, policy, _never(rel, graphs), None, {}, _does_never(rel, graphs), notes)
+        return VllmExport(rel, _never(rel, graphs), None, {}, _does_never(rel, graphs), notes)
     if fused and start < config.async_tp_min_tokens:
         reason = (f"SP starts at {start} tokens and AsyncTP at {config.async_tp_min_tokens}, but vLLM fuses GEMMs "
                   "with collectives wherever SP runs (one gate for both)")
     elif rel.sp_gate == "removed":
-        reason = (f"vLLM {rel.version} removed the SP and AsyncTP compile passes ({_where(rel)}); SP lives in "
-                  "model code there: use the model-level table (min_tokens_per_rank)")
+        reason = (f"vLLM {rel.version} removed the SP and AsyncTP compile passes ({_where(rel)}); SP is code inside "
+                  "a few models there (vllm/models/common/ops/sequence_parallel.py): see the model-level section")
     elif rel.sp_gate == "static_sizes":
         reason = (f"vLLM {rel.version} runs SP only at static compile_sizes that tp divides ({_where(rel)}), "
                   f"not from {start} tokens on")
@@ -312,28 +337,15 @@ def vllm_export(config: LabConfig, version: str = DEFAULT_RELEASE) -> VllmExport
     if reason is not None:
         closest = {NEVER: {"compilation_config": _never(rel, _cudagraph_mode(config, whole_graph=False)[0])}}
         if rel.sp_gate in ("every_size", "sp_min_token_num"):
-            always = closest_policy(config, ALWAYS).to_config(config)
-            closest[ALWAYS] = {"compilation_config": _with_sp(rel, always, always.enable_async_tp, graphs)}
-        return VllmExport(rel, policy, None, reason, closest,
-                          f"vLLM {rel.version} cannot run this policy: {reason}.", notes)
-    return VllmExport(rel, policy, _with_sp(rel, config, fused, graphs), None, {},
-                      _does_sp(rel, config, fused, graphs), notes)
+            # "always" runs SP from the first token, fused where the config fuses (programs.closest_policy)
+            closest[ALWAYS] = {"compilation_config": _with_sp(rel, 1, config.enable_async_tp, graphs)}
+        return VllmExport(rel, None, reason, closest, f"vLLM {rel.version} cannot run this policy: {reason}.", notes)
+    gated = rel.sp_threshold_field is not None and start > 1
+    return VllmExport(rel, _with_sp(rel, start, fused, graphs), None, {}, _does_sp(rel, config, fused, graphs), notes,
+                      max_num_batched_tokens=config.max_num_tokens if gated else None)
 
 
-def closest_policy(config: LabConfig, name: str) -> Policy:
-    """The policy a closest choice (:attr:`VllmExport.closest`) runs: ``never`` plain TP everywhere; ``always``
-    SP everywhere, fused with AsyncTP only where ``config`` fuses (an SP-only config's fallback stays SP-only).
-    What the exported object runs and the regret written beside it both come from here."""
-    from sp_lab.programs import Policy
-
-    if name == NEVER:
-        return Policy.constant(BASELINE)
-    if name == ALWAYS:
-        return Policy.constant(SP_ASYNC_TP if config.enable_async_tp else SP)
-    raise ValueError(f"unknown closest choice {name!r}; the choices are {NEVER!r} and {ALWAYS!r}")
-
-
-def _cudagraph_mode(config: LabConfig, *, whole_graph: bool) -> tuple[str, str | None]:
+def _cudagraph_mode(config: SpGates, *, whole_graph: bool) -> tuple[str, str | None]:
     """vLLM's ``cudagraph_mode`` for the user's, and a note where it cannot be kept as is.
 
     With SP the graph is compiled whole (no pieces): per-piece graphs cannot exist, so ``piecewise`` becomes no
@@ -354,6 +366,10 @@ def _cudagraph_mode(config: LabConfig, *, whole_graph: bool) -> tuple[str, str |
 
 
 def _never(rel: VllmRelease, graphs: str) -> dict[str, Any]:
+    """SP and AsyncTP off. From 0.32 the compile config has nothing for them: nothing to write (an object with a
+    ``cudagraph_mode`` would change the user's CUDA graphs, FULL_AND_PIECEWISE by default there)."""
+    if rel.sp_gate == "removed":
+        return {}
     out: dict[str, Any] = {rel.mode_field: 3}
     if rel.sp_flag is not None:
         out["pass_config"] = {rel.sp_flag: False, rel.async_tp_flag: False}
@@ -361,9 +377,8 @@ def _never(rel: VllmRelease, graphs: str) -> dict[str, Any]:
     return out
 
 
-def _with_sp(rel: VllmRelease, config: LabConfig, fused: bool, graphs: str) -> dict[str, Any]:
-    """The object that runs SP (+ AsyncTP when ``fused``) from ``config.sp_start`` in a release that can gate it."""
-    start = config.sp_start
+def _with_sp(rel: VllmRelease, start: int, fused: bool, graphs: str) -> dict[str, Any]:
+    """The object that runs SP (+ AsyncTP when ``fused``) from ``start`` tokens in a release that can gate it."""
     passes: dict[str, Any] = {rel.sp_flag: True, rel.async_tp_flag: fused}
     out: dict[str, Any] = {rel.mode_field: 3, "pass_config": passes}
     if rel.sp_threshold_field is not None:
@@ -390,14 +405,17 @@ def _graphs_text(graphs: str) -> str:
 
 
 def _does_never(rel: VllmRelease, graphs: str) -> str:
+    if rel.sp_gate == "removed":
+        return (f"vLLM {rel.version} has no SP or AsyncTP in its compile config: nothing to pass, vLLM runs as you run "
+                "it (your CUDA-graph mode); a model with built-in SP keeps it (see the model-level section).")
     return f"In vLLM {rel.version} this runs plain TP (SP and AsyncTP off) at every token count, {_graphs_text(graphs)}."
 
 
-def _does_sp(rel: VllmRelease, config: LabConfig, fused: bool, graphs: str) -> str:
+def _does_sp(rel: VllmRelease, config: SpGates, fused: bool, graphs: str) -> str:
     start, top = config.sp_start, config.max_num_tokens
     if start <= 1:
         return (f"In vLLM {rel.version} this runs {_what(fused)} at every token count (one whole graph, "
                 f"{_graphs_text(graphs)}).")
     return (f"In vLLM {rel.version} this runs {_what(fused)} from {start} tokens (compile ranges [1, {start - 1}] "
-            f"without, [{start}, {top}] with; vLLM lowers the threshold to max_num_batched_tokens if that is "
-            f"smaller), {_graphs_text(graphs)}.")
+            f"without, [{start}, {top}] with, for --max-num-batched-tokens {top}; vLLM lowers the threshold to "
+            f"max_num_batched_tokens where that is smaller), {_graphs_text(graphs)}.")

@@ -47,6 +47,9 @@ TUNABLE_SOURCES = (MEASURED, REPLAYED)
 
 NEVER = "never"
 """The one spelling of "no token count gets the rewrite" (threshold ``None`` in code)."""
+ALWAYS = "always"
+"""The policy that rewrites at every token count: with :data:`NEVER`, the closest choices a release without a token
+gate can run (:func:`sp_lab.programs.closest_policy`)."""
 
 # ------------------------------------------------------------------------------------------ provenance
 SETUP_COLUMNS = ("model", "hidden_size", "num_layers", "tp", "dtype", "device_name", "backend", "boundary",

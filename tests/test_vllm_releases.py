@@ -11,9 +11,9 @@ import json
 import pytest
 
 from sp_lab.config import ConfigError, LabConfig
+from sp_lab.programs import closest_policy
 from sp_lab.vllm_releases import (
     DEFAULT_RELEASE,
-    closest_policy,
     installed_release,
     release,
     resolve_release,
@@ -52,9 +52,10 @@ LITERAL = {
                 "splitting_ops": [], "compile_ranges_endpoints": [255], "cudagraph_mode": "NONE"}, None),
     "0.31.0": ({"mode": 3, "pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 256},
                 "splitting_ops": [], "compile_ranges_endpoints": [255], "cudagraph_mode": "NONE"}, None),
-    # 0.32: sequence_parallelism.py and collective_fusion.py are gone, and the PassConfig fields with them.
-    "0.32.0": (None, {"mode": 3, "cudagraph_mode": "NONE"}),
-    "0.34.0": (None, {"mode": 3, "cudagraph_mode": "NONE"}),
+    # 0.32: sequence_parallelism.py and collective_fusion.py are gone, and the PassConfig fields with them: "never"
+    # has nothing to write (a cudagraph_mode would change the user's graphs, FULL_AND_PIECEWISE by default there).
+    "0.32.0": (None, {}),
+    "0.34.0": (None, {}),
 }
 
 
@@ -106,7 +107,8 @@ def test_cuda_graph_mode_is_kept_never_switched_on(mode, with_sp, without_sp):
     config = LabConfig(tp_size=4, async_tp_min_tokens=256, cudagraph_mode=mode)
     assert vllm_export(config, "0.18").compilation_config["cudagraph_mode"] == with_sp
     off = LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False, cudagraph_mode=mode)
-    assert vllm_export(off, "0.34").compilation_config["cudagraph_mode"] == without_sp
+    assert vllm_export(off, "0.31").compilation_config["cudagraph_mode"] == without_sp
+    assert vllm_export(off, "0.34").compilation_config == {}  # 0.32+: nothing for SP, graphs as the user runs them
 
 
 # facts per release, read from each wheel: (mode field, SP flag, threshold field, ranges field, unknown keys,
@@ -120,6 +122,8 @@ FACTS = {
     "0.17.0": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_split_points", "rejected",
                "sp_min_token_num", True),
     "0.18.0": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
+               True),
+    "0.19.0": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
                True),
     "0.19.1": ("mode", "enable_sp", "sp_min_token_num", "compile_ranges_endpoints", "rejected", "sp_min_token_num",
                True),
@@ -154,6 +158,11 @@ def test_release_table_field_lists():
     assert release("0.34.0").model_sp["is_sequence_parallel_active"] == ["is_enabled", "num_tokens", "min_tokens"]
     assert release("0.34.0").model_sp["fused_all_gather_matmul_min_tokens_per_rank"] == 1024
     assert release("0.33.0").model_sp["is_sequence_parallel_active"] == ["is_enabled", "num_tokens"]
+    # 0.19.1 added a pass field 0.19.0 lacks: the table holds both patches (read from both wheels)
+    assert "fuse_minimax_qk_norm" in release("0.19.1").pass_fields - release("0.19.0").pass_fields
+    assert release("0.19.0").pass_fields < release("0.19.1").pass_fields
+    assert resolve_release("0.19.0") == (release("0.19.0"), None)
+    assert release("0.34.0").wheel_sha256 == "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
 
 
 def test_release_names():
@@ -173,7 +182,7 @@ def test_release_names():
 
 
 @pytest.mark.parametrize(("installed", "read_as", "build"), [
-    ("0.19.0", "0.19.1", False),  # a patch the table lacks: the same minor's release
+    ("0.22.0", "0.22.1", False),  # a patch the table lacks (read: same facts as 0.22.1): the minor's release
     ("0.19.1+cu128", "0.19.1", True),  # a local build of a table release
     ("0.20.0.dev5+g1a2b3c4", "0.20.2", True),  # a dev build: the minor's only release
     ("0.18.1.post1", "0.18.1", True),
@@ -246,7 +255,8 @@ def test_a_file_section_must_follow_from_its_config():
 
 def test_serve_line_quotes_the_object():
     line = vllm_export(FROM_256, "0.18").serve_line("meta-llama/Llama-3.3-70B-Instruct", 4)
-    assert line == ("vllm serve meta-llama/Llama-3.3-70B-Instruct --tensor-parallel-size 4 --compilation-config "
+    assert line == ("vllm serve meta-llama/Llama-3.3-70B-Instruct --tensor-parallel-size 4 --max-num-batched-tokens "
+                    "8192 --compilation-config "
                     "'{\"mode\":3,\"pass_config\":{\"enable_sp\":true,\"fuse_gemm_comms\":true,\"sp_min_token_num\":"
                     "256},\"splitting_ops\":[],\"compile_ranges_endpoints\":[255],\"cudagraph_mode\":\"NONE\"}'")
 
@@ -280,7 +290,7 @@ def test_a_file_written_for_a_build_says_how_the_table_read_it(tmp_path, monkeyp
 
     rows = pl.DataFrame(curve_rows())
     config = LabConfig(tp_size=2, async_tp_min_tokens=64)
-    for asked, installed in (("0.19.0+cu128", None), (None, "0.19.1+cu128")):
+    for asked, installed in (("0.19.1+cu128", None), (None, "0.19.1+cu128")):
         for module in (V, E):
             monkeypatch.setattr(module, "installed_release", lambda installed=installed: installed)
         path = E.export_config(rows, config, tmp_path / str(asked), chosen_in="test", vllm_release=asked)

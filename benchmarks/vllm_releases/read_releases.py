@@ -19,6 +19,7 @@ of free disk per wheel while it is unpacked.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -39,18 +40,23 @@ STUBS = {
 }
 
 
-def unpack(version: str, into: Path) -> str:
-    """Unzip the files read here from vLLM ``version``'s wheel into ``into``; return the wheel's name."""
+def unpack(version: str, into: Path, prefixes: tuple[str, ...] = READ) -> tuple[str, str]:
+    """Unzip the Python files under ``prefixes`` from vLLM ``version``'s wheel into ``into``; return the wheel's
+    name and its sha256 (what a reader can check the facts against: ``pip download`` the same wheel)."""
     dl = into / "wheel"
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
                     f"vllm=={version}", "-d", str(dl)], check=True)
     (wheel,) = dl.glob("*.whl")
+    digest = hashlib.sha256()
+    with wheel.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
-            if name.endswith(".py") and name.startswith(READ):
+            if name.endswith(".py") and name.startswith(prefixes):
                 z.extract(name, into)
     wheel.unlink()  # wheels are hundreds of MB: keep only the sources read
-    return wheel.name
+    return wheel.name, digest.hexdigest()
 
 
 def import_compilation(root: Path) -> types.ModuleType:
@@ -167,7 +173,7 @@ def model_sp_facts(root: Path) -> dict | None:
 def read(version: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        wheel = unpack(version, root)
+        wheel, sha256 = unpack(version, root)
         module = import_compilation(root)
         cc, pc = user_fields(module.CompilationConfig), user_fields(module.PassConfig)
         ranges = next((f for f in ("compile_ranges_endpoints", "compile_ranges_split_points") if f in cc), None)
@@ -176,6 +182,7 @@ def read(version: str) -> dict:
         return {
             "version": version,
             "wheel": wheel,
+            "wheel_sha256": sha256,
             "config_file": "vllm/config/compilation.py",
             "compilation_fields": cc,
             "pass_fields": pc,

@@ -29,13 +29,12 @@ import polars as pl
 
 from sp_lab.config import ConfigError, load_tuned_config
 from sp_lab.jsonfile import read_json
-from sp_lab.programs import Policy
+from sp_lab.programs import Policy, closest_policy
 from sp_lab.tuning.model_sp import model_sp_table
 from sp_lab.tuning.policy import threshold_text
 from sp_lab.tuning.regret import regret_table, summarize
 from sp_lab.vllm_releases import (
     DEFAULT_RELEASE,
-    closest_policy,
     installed_release,
     installed_table_release,
     target_release,
