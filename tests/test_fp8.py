@@ -30,7 +30,14 @@ from tp_models import Fp8Stack
 
 import sp_lab
 import sp_lab.compiler.fused_ops
-from sp_lab.models.fp8 import FP8_DTYPE, quant_from_hf
+from sp_lab.models.fp8 import (
+    FP8_DTYPE,
+    RANDOM_INPUT_SCALE,
+    quant_from_hf,
+    quantize_rowwise,
+    quantize_weight,
+    scaled_linear,
+)
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
 
@@ -216,6 +223,38 @@ def test_eager_fp8_toy_stays_near_its_high_precision_self(quant):
     assert _rel_err(got, want) < 0.1
 
 
+def test_all_zero_rows_quantise_to_zero_with_a_finite_scale():
+    """SP pads a token count tp does not divide with all-zero rows, and quantises the padded shard per token: a zero
+    row's amax is 0, and without the scale's floor it would be 0/0 (NaN) in that row."""
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
+    padded = torch.cat([x, x.new_zeros(2, 16)])  # as the pass pads: zero rows after the real ones
+    x_fp8, scale = quantize_rowwise(padded)
+    assert torch.isfinite(scale).all() and (scale > 0).all(), scale
+    assert x_fp8[3:].float().eq(0).all() and not x_fp8.float().isnan().any()
+    assert torch.equal((x_fp8.float() * scale)[3:], torch.zeros(2, 16))
+    own_fp8, own_scale = quantize_rowwise(x)  # token-local: the real rows are as they were without the padding
+    assert torch.equal(x_fp8[:3].float(), own_fp8.float()) and torch.equal(scale[:3], own_scale)
+
+
+@pytest.mark.parametrize("granularity", ["rowwise", "tensorwise"])
+def test_a_padded_fp8_matmul_keeps_its_zero_rows_finite(granularity):
+    """Zero rows through ``scaled_linear`` (dynamic per-token scales) give the bias, and a weight channel of zeros
+    (a pruned output) quantises to a finite scale too; the real rows equal the unpadded call."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(8, 16, generator=gen)
+    weight[5] = 0.0
+    w_fp8, w_scale = quantize_weight(weight, granularity)
+    assert torch.isfinite(w_scale).all() and (w_scale > 0).all()
+    bias = torch.randn(8, generator=gen, dtype=torch.bfloat16)
+    x = torch.randn(3, 16, generator=gen, dtype=torch.bfloat16)
+    padded = torch.cat([x, x.new_zeros(1, 16)])
+    input_scale = None if granularity == "rowwise" else torch.tensor(RANDOM_INPUT_SCALE)
+    out = scaled_linear(padded, w_fp8, w_scale, input_scale, bias, torch.bfloat16)
+    assert torch.isfinite(out).all(), out
+    assert torch.equal(out[3], bias) and torch.equal(out[:3, 5], bias[:3].new_full((3,), bias[5].item()))
+    assert torch.equal(out[:3], scaled_linear(x, w_fp8, w_scale, input_scale, bias, torch.bfloat16))
+
+
 @pytest.mark.parametrize("granularity", ["channel", "tensor"])
 def test_fp8_checkpoint_loads_as_written(checkpoints, granularity):
     from safetensors import safe_open
@@ -351,5 +390,6 @@ def test_policy_refuses_rows_pooling_bf16_and_fp8_sweeps():
 
     rows = [{"num_tokens": t, "variant": v, "latency_us": 100.0 + t, "dtype": dtype, "source": "measured"}
             for dtype in ("bfloat16", "fp8-rowwise") for t in (16, 64) for v in ("baseline", "sp+async_tp")]
-    with pytest.raises(ValueError, match=r"rows of several dtypes \['bfloat16', 'fp8-rowwise'\]"):
+    with pytest.raises(ValueError, match=r"rows of 2 setups \(setup=\{'dtype': '(fp8-rowwise|bfloat16)'\} \(4 rows\); "
+                       r"setup=\{'dtype': '(bfloat16|fp8-rowwise)'\} \(4 rows\)\): a policy is made for one setup"):
         recommend(rows, sp_lab.LabConfig(tp_size=2))

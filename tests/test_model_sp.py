@@ -136,3 +136,29 @@ def test_an_fp8_layer_asks_the_rule_about_fp8_matmuls():
     bf16 = model_sp_table(_sweep_rows(), config)
     assert {(m.dtype, m.min_tokens_per_rank) for m in fp8.matmuls} == {("fp8-rowwise", 64)}  # from AsyncTP's gate
     assert {(m.dtype, m.min_tokens_per_rank) for m in bf16.matmuls} == {("bfloat16", None)}
+
+
+def test_matmuls_of_one_shape_share_the_larger_gate():
+    """A square layer's qkv (all-gather side) and down (reduce-scatter side) have one (k, n, dtype, tp): the one
+    entry they share in the table fuses only where both paid, so the later gate wins, and "never" beats any."""
+    shared_shape = {"qkv": ("ag", 4096, 4096, {512, 2048}), "down": ("rs", 4096, 4096, {128, 512, 2048}),
+                    "o_proj": ("rs", 2048, 4096, {2048}), "gate_up": ("ag", 2048, 4096, set())}
+    rows = []
+    for name, (side, k, n, wins) in shared_shape.items():
+        for m in (16, 128, 512, 2048):
+            rows.append({"name": name, "side": side, "k": k, "n": n, "dtype": "bfloat16", "tp": 4, "m": m,
+                         "unfused_us": 100.0 + m, "fused_us": (100.0 + m) * (0.8 if m in wins else 1.3),
+                         "device": "NVIDIA H200", "torch": "2.11.0", "source": "measured"})
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192)
+    table = model_sp_table(_sweep_rows(), config, matmul_rows=pl.DataFrame(rows))
+    assert [(m.name, m.min_tokens_per_rank) for m in table.matmuls] == [
+        ("qkv", 128), ("down", 32), ("o_proj", 512), ("gate_up", None)]
+    assert table.lookup(4096, 4096, "bfloat16", 4) == 128  # qkv's, not down's 32 nor the first seen
+    assert table.lookup(2048, 4096, "bfloat16", 4) is None  # gate_up never paid: o_proj's 512 does not stand
+    namespace: dict = {}
+    exec(table.function_source(), namespace)  # noqa: S102  (as pasted into model code)
+    assert namespace["min_tokens_per_rank"](4096, 4096, "torch.bfloat16", 4) == 128
+    assert namespace["min_tokens_per_rank"](2048, 4096, "bfloat16", 4) is None
+    # the other order gives the same answers: the larger gate wins, not the first or the last row
+    reordered = model_sp_table(_sweep_rows(), config, matmul_rows=pl.DataFrame(rows[::-1]))
+    assert reordered.lookup(4096, 4096, "bfloat16", 4) == 128 and reordered.lookup(2048, 4096, "bfloat16", 4) is None

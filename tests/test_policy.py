@@ -165,6 +165,29 @@ def test_a_second_threshold_is_reported_with_its_gain():
     assert (config.sp_min_tokens, config.async_tp_min_tokens) == (64, 512)  # LabConfig runs it; vLLM cannot
 
 
+def test_a_second_threshold_inside_the_noise_is_said_to_be_within_it():
+    """The same medians (sp 3% faster than baseline from 64 on, sp+async_tp 30% from 512), so the same gain, with
+    95% intervals of +-1% and of +-5%: only the resamples can tell the two verdicts apart."""
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.97),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+
+    def rows(width: float) -> pl.DataFrame:
+        return pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "ci_low_us": f(t) * (1 - width),
+                              "ci_high_us": f(t) * (1 + width), "source": "measured"}
+                             for t in TOKENS for v, f in staged.items()])
+
+    tight, wide = recommend(rows(0.01), LabConfig()), recommend(rows(0.05), LabConfig())
+    for rec in (tight, wide):
+        assert rec.policy.name == "baseline below 512, sp+async_tp from 512"
+        assert rec.second_threshold.policy.name == "baseline below 64, sp from 64, sp+async_tp from 512"
+    # From the medians alone: the one-threshold policy runs baseline at 64, 128 and 256, where sp is 1/0.97 faster
+    assert tight.second_threshold.gain == pytest.approx(wide.second_threshold.gain) == pytest.approx(
+        3 * (1 / 0.97 - 1), rel=1e-6)
+    assert tight.second_threshold.beyond_noise and "9.3 points (beyond noise)" in tight.describe()
+    assert not wide.second_threshold.beyond_noise and "9.3 points (within noise)" in wide.describe()
+    assert wide.to_dict()["second_threshold"]["beyond_noise"] is False
+
+
 def test_recommend_says_what_to_measure():
     with pytest.raises(ValueError, match="needs 'baseline' and at least one of"):
         recommend([{"num_tokens": 8, "variant": "sp", "latency_us": 1.0}], LabConfig())
