@@ -53,3 +53,21 @@ def test_user_errors_are_one_line(known_rows, tmp_path, capsys):
     # the default budget reaches past rows that end at 4096
     assert main(["traffic", "--workload", "random", "--requests", "5"]) == 2
     assert "outside the predicted rows" in capsys.readouterr().err
+
+
+def test_measured_rows_from_a_store_are_said_measured_with_their_interval(tmp_path, capsys):
+    from test_store import make_row
+
+    from sp_lab.bench.store import SweepStore
+
+    store = SweepStore(tmp_path / "sweeps")
+    table = {"baseline": {1: 10.0, 64: 100.0, 256: 300.0}, "sp+async_tp": {1: 20.0, 64: 120.0, 256: 200.0}}
+    store.append([make_row(t, variant=v, reported_variant=v, latency_us=us, ci_low_us=us * 0.95,
+                           ci_high_us=us * 1.05) for v, pts in table.items() for t, us in pts.items()])
+    steps = tmp_path / "steps.txt"
+    steps.write_text("1\n256\n")
+    assert main(["traffic", "--model", "toy", "--tp", "2", "--store", str(store.path), "--steps", str(steps)]) == 0
+    out = capsys.readouterr().out
+    assert f"rows: measured, from {store.path}" in out
+    assert "serving speedup vs baseline: 1.48x (measured; sp+async_tp from 256)" in out  # (10+300)/(10+200)
+    assert "interval: delta method" in out and "'toy' is not a preset" in out

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel size (default 8)")
     p.add_argument("--gpu", default="h200", help="GPU of the predicted rows and the modelled KV / LM-head reads "
                    "(default h200)")
-    p.add_argument("--dtype", default="bfloat16", help="matmul dtype of the rows (default bfloat16)")
+    p.add_argument("--dtype", default=None, help="matmul dtype of the rows (predicted: default bfloat16; measured: "
+                   "the store's, when it holds one)")
     p.add_argument("--workload", default="chat", help=f"named workload: {', '.join(workload_names())} (default chat)")
     p.add_argument("--requests", type=positive_int, default=1000, help="requests to sample (default 1000)")
     p.add_argument("--rate", type=_rate, default=None, help="Poisson arrivals at this many requests/s")
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             curves = LatencyCurves.from_rows(rows, shared=shared_terms(args.model, args.tp, args.gpu))
             print(f"rows: measured, from {args.measured_store}")
         else:
-            curves = predicted_curves(args.model, args.tp, args.gpu, dtype=args.dtype,
+            curves = predicted_curves(args.model, args.tp, args.gpu, dtype=args.dtype or "bfloat16",
                                       max_tokens=args.max_num_batched_tokens)
             print("rows: PREDICTED by sp_lab's performance model (no --store given)")
         verdict = evaluate(curves, _traffic(args), limits=limits)

@@ -124,10 +124,14 @@ class SharedTerms:
 
 
 def shared_terms(model: str, tp: int, gpu: str) -> SharedTerms:
-    """:class:`SharedTerms` for a preset at ``tp`` on ``gpu`` (bf16 KV cache and LM head weights)."""
-    from sp_lab.resources import load_preset
+    """:class:`SharedTerms` for a preset at ``tp`` on ``gpu`` (bf16 KV cache and LM head weights); none for a
+    model that is not a preset (its shapes are unknown here), said in the description."""
+    from sp_lab.resources import load_preset, preset_names
     from sp_lab.tuning.predict.hardware import gpu as gpu_spec
 
+    if model not in preset_names():
+        return SharedTerms(description=f"none: {model!r} is not a preset, so its KV-cache and LM-head reads are "
+                                       "not modelled (the ratio is of the decoder layers alone)")
     p = load_preset(model)
     g = gpu_spec(gpu)
     head_dim = int(p.get("head_dim") or p["hidden_size"] // p["num_attention_heads"])
