@@ -686,3 +686,31 @@ def test_a_variant_is_measured_as_soon_as_it_is_compiled_and_the_bar_says_what_c
     at_4 = [v for v, t in (e for e in log if e[0] != "compile") if t == 4][3:]
     assert at_4[:6] == ["baseline", "sp", "sp+async_tp", "sp", "sp+async_tp", "baseline"]
     assert len(result.rows) == 6
+
+
+# ------------------------------------------------------------------------------------------------ reused points
+def test_a_rerun_counts_the_points_it_reuses_and_from_which_sweep_in_its_bar_and_result(tmp_path, capsys):
+    """A rerun over 3 token counts x 2 variants whose store holds 2 of the counts: the bar starts at 4 of 6 (not at 0
+    of 2) and says where the 4 come from; the result and the plan file a watcher reads say the same."""
+    from sp_lab.bench.progress import SweepTally
+    from sp_lab.bench.setups import describe_timestamp
+
+    common = {"store_dir": tmp_path, "config": LabConfig(tp_size=1), "variants": ["baseline", "sp+async_tp"],
+              "warmup": 0, "repeats": 2, "build_fn": stand_in_build, "compile_fn": stand_in_compile}
+    first = run_sweep("stand-in", token_counts=[2, 4], progress=False, **common)
+    assert first.tally == SweepTally(total=4, measured=4)
+    assert first.tally.describe() == "4 of 4 points measured now"
+    when = describe_timestamp(SweepStore(tmp_path).read()["timestamp"].max())
+    capsys.readouterr()
+    plans = []
+    again = run_sweep("stand-in", token_counts=[2, 4, 8], progress=True, sweep_id="again",
+                      on_row=lambda row: plans.append(SweepStore(tmp_path).plan_tally("again")), **common)
+    said = f"4 of 6 points from the sweep of {when}, 2 measured now"
+    assert again.tally.describe() == said and again.skipped == 4 and len(again.rows) == 2
+    assert [o.sweep_id for o in again.tally.origins] == [first.sweep_id]
+    bar = capsys.readouterr().err.replace("\r", "\n")
+    assert "4/6" in bar and "6/6" in bar and " 0/6" not in bar and " 0/2" not in bar
+    assert f"4 of 6 points from the sweep of {when}, 0 of 2 measured now" in bar
+    assert said in bar
+    # what launch_sweep's watcher (the notebook's bar, the tuner) reads from the store while the ranks run
+    assert SweepTally.from_dict(plans[0]).reused == 4 and SweepTally.from_dict(plans[0]).total == 6

@@ -33,19 +33,29 @@ def test_tuned_rows_from_a_later_sweep_carry_their_measured_drift(tmp_path):
     assert "tuned (later sweep: 0.80x the program it runs)" in page
 
 
-def test_heading_and_summary_are_made_from_every_row_and_say_their_sources(tmp_path):
-    """`python -m sp_lab report` can write rows of several setups and sources: the heading names each setup (not the
-    first row's), the summary says how many rows of which source (not "measured" for predicted or replayed rows),
-    and the figure's title names the rows' provenance."""
+def test_a_report_shows_one_setup_names_it_and_lists_the_others_with_their_row_counts(tmp_path):
+    """A store holds rows of several setups: the report draws one (the newest, or the one asked for), its heading
+    names that one, and the page lists the others with their row counts and how to ask for them; the summary says
+    how many rows of which source (not "measured" for predicted or replayed rows), the figure's title their
+    provenance."""
     rows = pl.DataFrame(curve_rows() + curve_rows(model="llama-3-70b", tp=8, device_name="NVIDIA H200",
-                                                  dtype="bfloat16", source="replayed"))
+                                                  dtype="bfloat16", source="replayed",
+                                                  timestamp="2025-02-01T00:00:00.000+00:00"))
     page = write_report(rows, tmp_path / "report.html", store=str(tmp_path), predicted=False).read_text()
-    assert ("<h1>sp_lab report: 2 setups (llama-3-70b, tp=8, bfloat16, NVIDIA H200; toy, tp=2, float32, cpu: test)"
-            "</h1>") in page
-    assert "30 rows (15 measured, 15 replayed) from" in page and ", measured 20" not in page
+    assert "<h1>sp_lab report: llama-3-70b, tp=8, bfloat16, NVIDIA H200</h1>" in page  # the newest
+    assert "15 rows (15 replayed) from" in page
+    assert "This report shows one setup of the 2 the rows hold" in page
+    assert "--setup model=toy,tp=2,dtype=float32,device_name=cpu: test: 15 rows, measured" in page
+    asked = write_report(rows, tmp_path / "toy.html", store=str(tmp_path), predicted=False,
+                         setup={"model": "toy"}).read_text()
+    assert "<h1>sp_lab report: toy, tp=2, float32, cpu: test</h1>" in asked and "15 rows (15 measured) from" in asked
+    drawn = asked.split("<h2>Latency and regret</h2>")[1]  # the figure, what ran, the provenance table
+    assert "cpu: test" in drawn and "NVIDIA H200" not in drawn and "llama-3-70b" not in drawn
+    assert "--setup model=llama-3-70b,tp=8,dtype=bfloat16,device_name=NVIDIA H200: 15 rows, replayed" in asked
     one = pl.DataFrame(curve_rows(source="predicted"))
     page = write_report(one, tmp_path / "one.html", store=str(tmp_path), predicted=False).read_text()
     assert "<h1>sp_lab report: toy, tp=2, float32, cpu: test</h1>" in page and "15 rows (15 predicted) from" in page
+    assert "This report shows one setup" not in page
     assert "device cpu: test · torch 2.13.0" in page and "source: predicted" in page  # the latency figure's title
 
 

@@ -287,17 +287,172 @@ def test_a_resumed_sweep_shows_the_stored_rows_it_skipped_and_no_other_devices(t
     from test_cli import curve_rows
 
     import sp_lab.bench.sweep
+    from sp_lab.bench.setups import setup_of_row
     from sp_lab.bench.store import SweepStore
 
     store = tmp_path / "shared"
     SweepStore(store).append(curve_rows(hostname="this-box")[:6] + curve_rows(hostname="twin-box")[6:]
-                             + curve_rows(hostname="another-box", device_name="cpu: another box"))
+                             + curve_rows(hostname="another-box", device_name="cpu: another box")
+                             # the same device, model and tp, another setup: bf16 with 1 layer (notebook 06)
+                             + curve_rows(hostname="this-box", dtype="bfloat16", num_layers=1))
     tuner = tune("toy", tp=2, token_counts=[1, 4, 16, 64, 256], variants=["baseline", "sp+async_tp"],
                  store_dir=str(store), export_dir=tmp_path)
     monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", lambda model, **kwargs: type(
         "Result", (), {"rows": [], "skipped": 10, "store_dir": str(store), "device_name": "cpu: test",
-                       "backend": "gloo"})())
+                       "backend": "gloo", "setup": setup_of_row(curve_rows()[0])})())
     tuner.run_sweep()
     shown = tuner.state.snapshot()
     assert shown.height == 10 and set(shown["device_name"]) == {"cpu: test"}
     assert set(shown["hostname"]) == {"this-box", "twin-box"}
+    assert set(shown["dtype"]) == {"float32"} and set(shown["num_layers"]) == {2}
+
+
+# ----------------------------------------------------------------------------------- a store of several setups
+def _three_setups_store(path: Path) -> Path:
+    """What `make run` then notebook 06 leave in the project's store: the float32 toy with 2 layers (21:00), then
+    the bf16 and the FP8 toy with 1 layer (22:00, 22:05), every row with its variant's real config."""
+    from test_cli import curve_rows
+
+    from sp_lab.bench.store import SweepStore
+    from sp_lab.programs import variant_config
+
+    def sweep(when: str, scale: float, **setup) -> list[dict]:
+        rows = curve_rows(timestamp=f"2026-12-06T{when}:00.000+00:00", sweep_id=when, **setup)
+        return [{**r, "latency_us": scale * r["latency_us"],
+                 "config_json": variant_config(r["variant"], LabConfig(tp_size=2)).to_json()} for r in rows
+                if r["variant"] != "sp" or not setup]  # notebook 06 sweeps baseline and sp+async_tp only
+    store = SweepStore(path)
+    store.append(sweep("21:00", 1.0))
+    store.append(sweep("22:00", 3.0, num_layers=1, dtype="bfloat16"))
+    store.append(sweep("22:05", 0.3, num_layers=1, dtype="fp8-rowwise"))
+    return path
+
+
+def test_replaying_a_store_of_three_setups_shows_one_says_which_and_lists_the_others(tmp_path):
+    """The issue's store: replay showed 12 traces of three setups and no recommendation ("a policy needs baseline
+    and sp ... rows" although they were there). Now it shows the newest setup alone, says so, lists the other two
+    with their row counts, and recommends; the one asked for is shown instead; one that is not there is refused."""
+    store = _three_setups_store(tmp_path / "sweeps")
+    tuner = tune("toy", tp=2, store_dir=None, export_dir=tmp_path, replay=store)
+    shown = tuner.state.snapshot()
+    assert shown.height == 10 and set(shown["dtype"]) == {"fp8-rowwise"} and set(shown["num_layers"]) == {1}
+    status = tuner.status.value
+    assert "setup: the newest of 3 in these rows, toy (1 layer, hidden 64), fp8-rowwise, tp 2" in status
+    assert "setup={&#x27;num_layers&#x27;: 1, &#x27;dtype&#x27;: &#x27;bfloat16&#x27;}: 10 rows" in status
+    assert "setup={&#x27;num_layers&#x27;: 2, &#x27;dtype&#x27;: &#x27;float32&#x27;}: 15 rows" in status
+    assert tuner.state.recommendation_or_none() is not None and "<b>recommended:</b>" in tuner.regret_html.value
+    assert "values (see the legend)" not in tuner.state.provenance()  # nothing varies within what is shown
+    assert not [t.name for t in tuner.figure.data if "dtype=" in (t.name or "")]  # no curve per dtype
+
+    asked = tune("toy", tp=2, store_dir=None, export_dir=tmp_path, replay=store, setup={"dtype": "float32"})
+    assert asked.state.snapshot().height == 15 and set(asked.state.snapshot()["num_layers"]) == {2}
+    assert "setup asked for (setup={&#x27;dtype&#x27;: &#x27;float32&#x27;}): toy (2 layers" in asked.status.value
+    assert asked.state.choice.how == "asked" and len(asked.state.choice.others) == 2
+
+    from sp_lab.bench.setups import SetupNotFoundError
+
+    with pytest.raises(SetupNotFoundError, match=r"no rows of the setup asked for \(setup=\{'dtype': 'float16'\}\)"
+                                                 r"; the rows hold 3 setup\(s\)"):
+        tune("toy", tp=2, store_dir=None, export_dir=tmp_path, replay=store, setup={"dtype": "float16"})
+    with pytest.raises(ValueError, match=r"setup fields \['dtyp'\] do not exist"):
+        tune("toy", tp=2, store_dir=None, export_dir=tmp_path, setup={"dtyp": "float16"})
+    # rows given as they are must be one setup: never drawn or scored together
+    from sp_lab.bench.store import SweepStore
+
+    with pytest.raises(ValueError, match="rows of 3 setups"):
+        TunerState(tp=2).set_rows(SweepStore(store).read())
+
+
+def test_without_a_recommendation_the_panel_says_what_is_missing(tmp_path):
+    """Rows of one setup where baseline and sp+async_tp never share a token count: the panel says which variant
+    was measured where, not a fixed sentence."""
+    rows = pl.DataFrame([_row("baseline", 1), _row("baseline", 8), _row("sp+async_tp", 64)])
+    tuner = tune("toy", tp=2, store_dir=None, export_dir=tmp_path, replay=rows)
+    assert "the rows have baseline at [1, 8]; sp+async_tp at [64]" in tuner.regret_html.value
+
+
+# ------------------------------------------------------------------------------------------ reused points
+def test_the_tuners_bar_counts_the_points_a_rerun_reuses_and_says_from_where(tmp_path, monkeypatch):
+    """Notebook 03's bar stayed at "2 / 6" when 4 points came from an earlier sweep: it now counts them, and the
+    status line says where they come from, while the sweep runs and after."""
+    import sp_lab.bench.sweep
+    from sp_lab.bench.progress import ReusedFrom, SweepTally
+
+    earlier = (ReusedFrom(sweep_id="s0", newest="2026-12-06T22:10:00.000+00:00", points=4),)
+    seen = []
+
+    def fake_launch_sweep(model, *, on_row, on_tally, **kwargs):
+        tally = SweepTally(total=6, reused=4, origins=earlier)
+        on_tally(tally)
+        seen.append((tuner.progress.value, tuner.progress.max, tuner.progress.description, tuner.status.value))
+        for i, t in enumerate((64, 512)):
+            on_row(_row("sp+async_tp", t))
+            on_tally(tally.with_measured(i + 1))
+        seen.append((tuner.progress.value, tuner.progress.max, tuner.progress.description, tuner.status.value))
+        return type("Result", (), {"rows": [1, 2], "skipped": 4, "store_dir": str(tmp_path), "setup": None,
+                                   "tally": tally.with_measured(2)})()
+
+    monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", fake_launch_sweep)
+    tuner = tune("toy", tp=2, token_counts=[8, 64, 512], variants=["baseline", "sp+async_tp"],
+                 store_dir=str(tmp_path), export_dir=tmp_path)
+    tuner.run_sweep()
+    start, end = seen
+    assert start[:3] == (4, 6, "4 / 6") and end[:3] == (6, 6, "6 / 6")
+    assert "4 of 6 points from the sweep of 2026-12-06 22:10 UTC, 0 of 2 measured now" in start[3]
+    assert "4 of 6 points from the sweep of 2026-12-06 22:10 UTC, 2 measured now" in end[3]
+    assert "sweep done: 4 of 6 points from the sweep of 2026-12-06 22:10 UTC, 2 measured now" in tuner.status.value
+    assert (tuner.progress.value, tuner.progress.description) == (6, "6 / 6")
+
+
+# ------------------------------------------------------------------------------------------ early refusals
+def test_mistakes_knowable_before_the_ranks_start_are_refused_in_the_calling_cell(tmp_path, monkeypatch):
+    """tune("toy", tp=4) used to be accepted, failing at run_sweep() with the status line stuck at "sweeping toy on
+    4 ranks ..."; a checkpoint path that does not exist read "unknown model". Each is refused by tune() itself,
+    naming the value and what works, and no rank is started."""
+    import sp_lab.bench.sweep
+    from sp_lab.bench.sweep import SweepArgumentError
+    from sp_lab.models.registry import CheckpointNotFoundError
+
+    monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep",
+                        lambda *a, **k: pytest.fail("ranks were started for a sweep that cannot run"))
+    args = {"store_dir": str(tmp_path / "sweeps"), "export_dir": tmp_path}
+    with pytest.raises(SweepArgumentError, match=r"'toy' cannot run on 4 ranks: tp_size=4 does not divide "
+                                                 r".*tp_size values that work for this model: \[1, 2\]"):
+        tune("toy", tp=4, **args)
+    missing = tmp_path / "checkpoints" / "llama"
+    with pytest.raises(CheckpointNotFoundError, match=f"checkpoint directory .* not found: {missing}"):
+        tune(str(missing), tp=2, **args)
+    with pytest.raises(CheckpointNotFoundError, match="not found"):
+        tune(str(missing), tp=2, store_dir=None, export_dir=tmp_path)  # replay-only tuners too
+    with pytest.raises(TypeError, match=r"unknown arguments \['repeat'\]"):
+        tune("toy", tp=2, repeat=3, **args)
+    with pytest.raises(SweepArgumentError, match=r"token counts must be positive ints, got \[0\]"):
+        tune("toy", tp=2, token_counts=[0, 8], **args)
+    with pytest.raises(SweepArgumentError, match="dtype='float8' is not a model dtype"):
+        tune("toy", tp=2, dtype="float8", **args)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SweepArgumentError, match="store_dir=.*a_file.* is a file"):
+        tune("toy", tp=2, store_dir=str(tmp_path / "a_file"), export_dir=tmp_path)
+    assert tune("toy", tp=2, backend="gloo", timeout=60.0, **args).state.sweep_kwargs["backend"] == "gloo"
+
+    # tp changed in the widget: refused when the sweep is asked for, and the status line says why
+    tuner = tune("toy", tp=2, **args)
+    tuner.tp.value = 4
+    with pytest.raises(SweepArgumentError, match="'toy' cannot run on 4 ranks"):
+        tuner.run_sweep()
+    assert "sweep failed: SweepArgumentError: &#x27;toy&#x27; cannot run on 4 ranks" in tuner.status.value
+    assert "sweeping" not in tuner.status.value
+
+
+def test_a_sweep_that_fails_in_its_ranks_says_so_in_the_status_line(tmp_path, monkeypatch):
+    import sp_lab.bench.sweep
+
+    def failing_launch_sweep(model, **kwargs):
+        raise RuntimeError("rank 1 died (SIGKILL)")
+
+    monkeypatch.setattr(sp_lab.bench.sweep, "launch_sweep", failing_launch_sweep)
+    tuner = tune("toy", tp=2, store_dir=str(tmp_path), export_dir=tmp_path)
+    with pytest.raises(RuntimeError, match="rank 1 died"):
+        tuner.run_sweep()
+    assert "sweep failed: RuntimeError: rank 1 died (SIGKILL)" in tuner.status.value
+    assert not tuner.state.running

@@ -202,7 +202,7 @@ def setups(rows: pl.DataFrame) -> list[SetupRows]:
         found.append(SetupRows(setup=setup, rows=int(g["_rows"]), newest=g["_newest"],
                                sources=tuple(s for s in g["_src"] or () if s is not None)))
     # The newest first; rows without a time last; then the bigger one; then by text, so the order never wobbles.
-    found.sort(key=lambda s: (s.newest or "", s.rows), reverse=True)
+    found.sort(key=lambda s: (s.newest or "", s.rows, s.setup.describe()), reverse=True)
     found.sort(key=lambda s: s.newest is None)
     return found
 

@@ -599,15 +599,22 @@ def _default_compile(model: torch.nn.Module, config: LabConfig, *, captures: Sha
 
 
 # ---------------------------------------------------------------------------------------------- launching
-def _check_before_launch(model_name: str, world_size: int, token_counts: Sequence[int], variants: Sequence[str],
-                         kwargs: Mapping[str, Any]) -> None:
-    """What every rank would refuse, refused once here by the ranks' own checks (:func:`_checked`,
-    :func:`_resolve_dtype`, the model's sizes), so a bad argument fails before any rank starts (and a rerun
-    is never told to resume a sweep that cannot start)."""
+def check_sweep_arguments(model_name: str, world_size: int, token_counts: Sequence[int], variants: Sequence[str],
+                          kwargs: Mapping[str, Any], *, store_dir: str | os.PathLike | None = None) -> None:
+    """Refuse what every rank of a sweep would refuse, by the ranks' own checks (:func:`_checked`,
+    :func:`_resolve_dtype`, the model's name, sizes and the tp sizes it can take), so that a bad argument fails in
+    the calling cell before any rank starts (and a rerun is never told to resume a sweep that cannot start).
+
+    ``kwargs``: what :func:`launch_sweep` passes on to :func:`run_sweep`. Raises :class:`SweepArgumentError` (or
+    ``TypeError`` for an argument ``run_sweep`` does not take, the model registry's own error for a model that does
+    not exist), naming the value and what would work. :func:`launch_sweep` and the tuner call it.
+    """
     params = inspect.signature(run_sweep).parameters
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
         raise TypeError(f"launch_sweep: unknown arguments {unknown}; run_sweep takes {sorted(params)}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise SweepArgumentError(f"world_size (tp) = {world_size!r}: a sweep runs on a positive int number of ranks")
     args = {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
     args.update(kwargs)
     if args["tp_size"] is not None and args["tp_size"] != world_size:  # in the launcher's words: which argument
@@ -616,6 +623,10 @@ def _check_before_launch(model_name: str, world_size: int, token_counts: Sequenc
     _checked(args["tp_size"], world_size, token_counts, variants, args["warmup"], args["repeats"],
              args["max_repeats"], args["ci_width"], args["budget_s"], args["config"])
     _resolve_dtype(args["dtype"])
+    for name, path in (("store_dir", store_dir), ("reports_dir", args["reports_dir"])):
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            raise SweepArgumentError(f"{name}={str(path)!r} is a file ({Path(path).resolve()}); it must be a directory "
+                                     "(created if missing)")
     if args["build_fn"] is None:
         from sp_lab.models.registry import resolve_config
 
@@ -623,7 +634,7 @@ def _check_before_launch(model_name: str, world_size: int, token_counts: Sequenc
         try:
             spec.check_tp_size(world_size)
         except ValueError as e:
-            raise SweepArgumentError(str(e)) from None
+            raise SweepArgumentError(f"{model_name!r} cannot run on {world_size} ranks: {e}") from None
 
 
 def launch_sweep(
@@ -657,7 +668,7 @@ def launch_sweep(
     """
     from sp_lab.distributed.launch import launch
 
-    _check_before_launch(model_name, world_size, token_counts, variants, kwargs)
+    check_sweep_arguments(model_name, world_size, token_counts, variants, kwargs, store_dir=store_dir)
     sweep_id = kwargs.pop("sweep_id", None) or uuid.uuid4().hex
     store = SweepStore(Path(store_dir))
     seen = set(store.parts())
@@ -731,3 +742,8 @@ def launch_sweep(
     if bar is not None and result.tally is not None and (result.skipped or result.elsewhere):
         print(f"{result.tally.describe()} (store {store.path})")
     return result
+
+
+LAUNCHER_ARGUMENTS = frozenset(inspect.signature(launch_sweep).parameters) - {"kwargs"}
+"""What :func:`launch_sweep` takes for itself (``backend``, ``timeout``, ...), not passed on to the ranks'
+:func:`run_sweep`: a caller that holds both kinds checks only the others with :func:`check_sweep_arguments`."""

@@ -95,8 +95,10 @@ class DecoderConfig:
             "num_kv_heads",
             "vocab_size",
         ):
-            if int(getattr(self, key)) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be a positive integer")
+            value = getattr(self, key)
+            # an int, not 2.5 (int() would truncate it) nor "2": a sweep row records it as the int it builds
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key}={value!r} must be a positive integer")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads} (GQA groups)"

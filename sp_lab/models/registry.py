@@ -29,8 +29,8 @@ from sp_lab.models.llama import DecoderConfig, LlamaForCausalLM
 from sp_lab.models.toy import toy_config
 from sp_lab.resources import PRESET_DIR, load_preset, preset_names
 
-__all__ = ["MODEL_DTYPES", "PRESET_DIR", "UnknownModelError", "available", "build", "resolve_config",
-           "resolve_dtype"]
+__all__ = ["MODEL_DTYPES", "PRESET_DIR", "CheckpointNotFoundError", "UnknownModelError", "available", "build",
+           "resolve_config", "resolve_dtype"]
 
 MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The parameter and activation dtypes a model is built in (``build(dtype=...)``), by name: those sp_lab's
@@ -40,6 +40,10 @@ them: it is ``quant="fp8"`` on a bf16 model, as vLLM runs it (only the matmuls a
 
 class UnknownModelError(ValueError):
     """A model name that is neither ``"toy"``, a preset nor a checkpoint directory; the message offers the closest."""
+
+
+class CheckpointNotFoundError(UnknownModelError):
+    """A checkpoint path (it has a ``/``) where nothing exists; the message gives the path resolved."""
 
 
 def available() -> list[str]:
@@ -110,12 +114,22 @@ def resolve_config(name_or_path: str | Path, *, num_layers: int | None = None, *
         raise CheckpointError(
             f"{name} is a directory without config.json; a Hugging Face checkpoint needs one"
         )
+    elif not _is_preset(name) and "/" in name:  # meant as a path (a preset name has no "/")
+        where = Path(name).resolve()
+        found = "a file, not a directory" if where.exists() else "not found"
+        tilde = " (~ is not expanded: give the full path)" if name.startswith("~") else ""
+        raise CheckpointNotFoundError(
+            f"checkpoint directory {name!r} {found}: {where}{tilde} (a relative path is taken from the working "
+            f"directory, {Path.cwd()}); give the directory that holds config.json and *.safetensors, or one of "
+            f"{available()}"
+        )
     else:
         close = difflib.get_close_matches(name, available(), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UnknownModelError(
-            f"unknown model {name!r}; {hint}use one of {available()} or a local Hugging Face checkpoint "
-            "directory (config.json + *.safetensors)"
+            f"unknown model {name!r}: not a preset, and no checkpoint directory {Path(name).resolve()} was found; "
+            f"{hint}use one of {available()} or a local Hugging Face checkpoint directory (config.json + "
+            "*.safetensors)"
         )
     _check_quant(name, cfg.quant, overrides.get("quant"))
     return dataclasses.replace(cfg, **overrides)

@@ -199,20 +199,20 @@ def recommend(rows: pl.DataFrame | Sequence[Mapping], base: LabConfig, *, source
     ``ci_low_us / ci_high_us`` or ``p10_us / p90_us / repeats``); ``base``: the config the policy gates.
     Raises ``ValueError`` (saying what to measure) without ``baseline`` rows or a second variant.
     """
+    from sp_lab.bench.setups import one_setup
+
     frame = as_frame(rows)
-    if "dtype" in frame.columns and frame["dtype"].n_unique() > 1:
-        raise ValueError(
-            f"rows of several dtypes {sorted(map(str, frame['dtype'].unique().to_list()))}: a policy is chosen per "
-            "setup, and an FP8 model crosses over at other token counts than its bf16 self; filter the rows to one "
-            "(rows.filter(pl.col('dtype') == ...))"
-        )
+    # e.g. an FP8 model crosses over at other token counts than its bf16 self, a 1-layer model than its 2 layers
+    one_setup(frame, "a policy")
     pooled = medians(frame, source=source)
     tokens = complete_tokens(pooled)
     variants = [v for v in REFERENCE_VARIANTS if v in set(pooled["variant"].to_list())]
     if BASELINE not in variants or len(variants) < 2 or not tokens:
+        have = "; ".join(f"{v} at {sorted(pooled.filter(pl.col('variant') == v)['num_tokens'].to_list())}"
+                         for v in variants) or "no reference variant"
         raise ValueError(
             f"a policy needs {BASELINE!r} and at least one of {SP!r} / {SP_ASYNC_TP!r} measured at the same "
-            f"token counts; the rows have {variants} at {sorted(set(pooled['num_tokens'].to_list()))}"
+            f"token counts; the rows have {have}"
         )
     wide = (pooled.filter(pl.col("num_tokens").is_in(tokens) & pl.col("variant").is_in(variants))
             .pivot(on="variant", index="num_tokens", values=["latency_us", "se_us"]).sort("num_tokens"))

@@ -22,6 +22,9 @@ from sp_lab.tuning.regret import REGRET_COLUMNS, REGRET_HEADERS
 from sp_lab.vocabulary import PREDICTED, PROVENANCE_COLUMNS, REHEARSAL, SIMULATED, TUNED
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sp_lab.bench.setups import Setup, SetupChoice
     from sp_lab.config import LabConfig
     from sp_lab.tuning.policy import Recommendation
 
@@ -90,7 +93,7 @@ _HEADING_SETUP = ("model", "tp", "dtype", "device_name")
 
 
 def _heading(rows: pl.DataFrame) -> str:
-    """The page heading, from every row: the one setup, or each of several (a report may span setups)."""
+    """The page heading, from every row: the one setup (write_report keeps one), or each of several."""
     setups = rows.select(_HEADING_SETUP).unique().sort(_HEADING_SETUP).iter_rows(named=True)
     named = [f"{s['model']}, tp={s['tp']}, {s['dtype']}, {s['device_name']}" for s in setups]
     text = named[0] if len(named) == 1 else f"{len(named)} setups ({'; '.join(named)})"
@@ -103,6 +106,14 @@ def _summary(rows: pl.DataFrame, store: str | Path, sources: Sequence[str]) -> s
     of = ", ".join(f"{counts[s]} {s}" for s in sources)
     return (f"<p>{rows.height} rows ({html.escape(of)}) from <code>{html.escape(str(store))}</code>, timestamped "
             f"{rows['timestamp'].min()} to {rows['timestamp'].max()}.</p>")
+
+
+def _setups_html(choice: SetupChoice) -> str:
+    """Which setup of the rows the page shows and the others they hold, with their row counts ("" for one)."""
+    if not choice.others:
+        return ""
+    lines = html.escape(choice.message("cli")).replace("\n", "<br>")
+    return f"<p class='warn'>This report shows one setup of the {1 + len(choice.others)} the rows hold. {lines}</p>"
 
 
 def _recommendation_html(rec: Recommendation) -> str:
@@ -139,8 +150,13 @@ def write_report(
     include_plotlyjs: bool | str = True,
     overwrite: bool = False,
     predicted: bool = True,
+    setup: Setup | Mapping[str, object] | None = None,
 ) -> Path:
-    """Write the report of ``rows`` (read from ``store``) to ``out``; returns the path.
+    """Write the report of one setup of ``rows`` (read from ``store``) to ``out``; returns the path.
+
+    ``setup``: the setup to report (a :class:`~sp_lab.bench.setups.Setup` or some of its fields), else the newest
+    of the rows (:func:`~sp_lab.bench.setups.select_setup`); the page names it and lists the others with their
+    row counts. Rows of two setups never share a figure or a table.
 
     ``predicted``: add the "what this would be on 8x H200" section (the performance model's curves for the
     swept preset, or Llama-3-70B for a non-preset model), labelled predicted and kept apart from the rows.
@@ -148,9 +164,11 @@ def write_report(
     The regret panel draws ``recommendation.config`` (or ``config``). An existing report made from
     another store is kept unless ``overwrite``: :class:`ReportOverwriteError` names both stores.
     """
+    from sp_lab.bench.setups import select_setup
     from sp_lab.viz.latency import plot_latency
     from sp_lab.vocabulary import FUSION_MISSING_SUFFIX
 
+    rows, choice = select_setup(rows, setup, style="cli")
     out = Path(out)
     previous = report_store(out) if out.exists() else None
     if previous is not None and previous != str(store) and not overwrite:
@@ -181,7 +199,7 @@ def write_report(
                 pl.col("n_fused_mm_rs").max().alias("fused mm+RS (max)"),
                 pl.col("fusion_missing").sum().alias("fusion missing"))
            .sort("reported_variant"))
-    parts = [_heading(rows), _summary(rows, store, sources)]
+    parts = [_heading(rows), _summary(rows, store, sources), _setups_html(choice)]
     if recommendation is not None:
         parts += ["<h2>Recommendation</h2>", _recommendation_html(recommendation)]
     else:

@@ -60,6 +60,8 @@ from sp_lab.vocabulary import (
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
+    from sp_lab.bench.progress import SweepTally
+    from sp_lab.bench.setups import Setup, SetupChoice
     from sp_lab.bench.sweep import SweepResult
     from sp_lab.config import LabConfig
 
@@ -130,6 +132,14 @@ class TunerState:
     """A live sweep is in progress."""
     done: int = 0
     """Points measured by the current live sweep."""
+    tally: SweepTally | None = None
+    """The current live sweep's account of its points (reused from which sweep, measured now), once its ranks
+    have planned."""
+    setup: Setup | Mapping[str, Any] | None = None
+    """The setup a replay shows (a :class:`~sp_lab.bench.setups.Setup` or some of its fields); ``None``: the newest
+    setup of the rows replayed."""
+    choice: SetupChoice | None = None
+    """Which setup the last replay chose, and the others its rows hold."""
     predicted: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
     """Predicted curves drawn beside the rows (``source="predicted"``); never in the regret or recommendation."""
 
@@ -161,9 +171,12 @@ class TunerState:
             self.done += 1
 
     def set_rows(self, rows: pl.DataFrame) -> None:
-        """Show exactly ``rows`` (one source; several sources are refused: never compared unlabelled)."""
+        """Show exactly ``rows`` (one source and one setup; several are refused: never compared unlabelled)."""
         if rows.height:
+            from sp_lab.bench.setups import one_setup
+
             one_source(rows)  # several sources are refused, naming them
+            one_setup(rows, "the tuner's view")  # replay() chooses one setup; rows given here must be one
         with self._lock:
             self.rows = rows
 
@@ -179,8 +192,11 @@ class TunerState:
 
         return provenance_line(self.snapshot())
 
-    def replay(self, source: str | Path | pl.DataFrame | None = None) -> str:
-        """Show recorded rows and select their recommended policy; returns a line saying what was loaded.
+    def replay(self, source: str | Path | pl.DataFrame | None = None, *,
+               setup: Setup | Mapping[str, Any] | None = None) -> str:
+        """Show recorded rows of one setup and select their recommended policy; returns what was loaded and which
+        setup of the rows it shows (:func:`~sp_lab.bench.setups.select_setup`: ``setup``, else :attr:`setup`, else
+        the newest), with the other setups there and their row counts.
 
         ``source``: a sweep store directory or a ``.parquet`` / ``.csv`` file, read as ``python -m sp_lab
         replay`` imports it (:func:`~sp_lab.bench.replay.read_as_replayed`: timings measured elsewhere are labelled
@@ -210,9 +226,12 @@ class TunerState:
             what = f"{rows.height} rows recorded in {source}"
         if not rows.height:
             raise ValueError(f"nothing to replay: {what}")
-        self.set_rows(rows)
+        from sp_lab.bench.setups import select_setup
+
+        shown, self.choice = select_setup(rows, setup if setup is not None else self.setup)
+        self.set_rows(shown)
         self.use_recommended()
-        return f"replayed {what}; source={self.source!r}"
+        return f"replayed {what}; source={self.source!r}; {self.choice.message()}"
 
     def overlay_prediction(self, model: str, gpu: str = "h200", tp: int = 8) -> str:
         """Draw the performance model's curves for ``model`` on ``tp`` x ``gpu`` beside the rows (``None``-like
@@ -227,9 +246,22 @@ class TunerState:
         return f"predicted overlay: {model}, {tp}x {p.target.gpu.label} (crossover {p.async_tp.describe()})"
 
     # ------------------------------------------------------------------ live sweep
+    def check_sweep(self) -> None:
+        """Refuse, before any rank starts, what the live sweep's ranks would refuse: a tp the model cannot take, a
+        model that does not exist, token counts, variants or sweep arguments it cannot run
+        (:func:`~sp_lab.bench.sweep.check_sweep_arguments`; raises ``SweepArgumentError``, ``TypeError`` or the
+        model's own error, naming the value and what would work)."""
+        from sp_lab.bench.sweep import LAUNCHER_ARGUMENTS, check_sweep_arguments
+
+        passed = {k: v for k, v in self.sweep_kwargs.items() if k not in LAUNCHER_ARGUMENTS}  # backend, timeout
+        check_sweep_arguments(self.model, self.tp, self.token_counts, self.variants,
+                              {"config": self.config, "num_layers": self.num_layers, **passed},
+                              store_dir=self.store_dir)
+
     def run_sweep(self, on_row: Callable[[Mapping[str, Any]], None] | None = None, *,
-                  progress: bool = False) -> SweepResult:
-        """Measure this setup on ``tp`` fresh ranks; ``on_row(row)`` after each row lands (watcher thread).
+                  on_tally: Callable[[SweepTally], None] | None = None, progress: bool = False) -> SweepResult:
+        """Measure this setup on ``tp`` fresh ranks; ``on_row(row)`` after each row lands and ``on_tally(tally)``
+        when the count of points changes (reused from the store, measured now; both on the watcher thread).
 
         The sweep starts from its own rows: whatever was shown (a replay, the demo, another setup's sweep) is
         cleared first, never merged with this machine's new measurements; points the store already holds for
@@ -239,19 +271,26 @@ class TunerState:
 
         if self.store_dir is None:
             raise ValueError(f"store_dir is None: a live sweep needs a sweep store directory (e.g. {DEFAULT_STORE!r})")
+        self.check_sweep()  # before the rows shown are cleared: a refused sweep leaves the view as it was
         self.set_rows(pl.DataFrame())
+        self.choice = None
+
+        def count(tally: SweepTally) -> None:
+            self.tally = tally
+            if on_tally is not None:
+                on_tally(tally)
 
         def deliver(row: Mapping[str, Any]) -> None:
             self.add_row(row)
             if on_row is not None:
                 on_row(row)
 
-        self.running, self.done = True, 0
+        self.running, self.done, self.tally = True, 0, None
         try:
             result = launch_sweep(
                 self.model, world_size=self.tp, store_dir=self.store_dir, token_counts=list(self.token_counts),
-                variants=list(self.variants), on_row=deliver, progress=progress, config=self.config,
-                num_layers=self.num_layers, **self.sweep_kwargs,
+                variants=list(self.variants), on_row=deliver, on_tally=count, progress=progress,
+                config=self.config, num_layers=self.num_layers, **self.sweep_kwargs,
             )
         finally:
             self.running = False
@@ -260,20 +299,23 @@ class TunerState:
         return result
 
     def _add_resumed_rows(self, result: SweepResult) -> None:
-        """Rows of this setup already in the store (model, tp, variants, token counts) measured on the device and
-        backend the sweep ran on, not shown yet: the points the sweep skipped as done, by the resume key's own
-        columns (a store shared with other devices holds their rows too: never merged with these)."""
+        """Rows of the sweep's setup (:attr:`SweepResult.setup`: model, sizes, dtype, tp, device, backend, torch,
+        compile settings) already in the store at its variants and token counts, not shown yet: the points the
+        sweep reused (a store shared with other setups and devices holds their rows too: never merged with these)."""
+        from sp_lab.bench.setups import SetupNotFoundError, select_setup
         from sp_lab.bench.store import SweepStore
 
+        if result.setup is None:
+            return
         stored = SweepStore(self.store_dir).read(skip_corrupt=True)
+        stored = stored.filter(pl.col("source") == MEASURED, pl.col("variant").is_in(list(self.variants)),
+                               pl.col("num_tokens").is_in(list(self.token_counts)))
         if not stored.height:
             return
-        mine = stored.filter(pl.col("model") == self.model, pl.col("tp") == self.tp,
-                             pl.col("source") == MEASURED, pl.col("variant").is_in(list(self.variants)),
-                             pl.col("num_tokens").is_in(list(self.token_counts)),
-                             pl.col("device_name") == result.device_name, pl.col("backend") == result.backend)
-        if self.num_layers is not None:
-            mine = mine.filter(pl.col("num_layers") == self.num_layers)
+        try:
+            mine, _ = select_setup(stored, result.setup)
+        except SetupNotFoundError:
+            return
         shown = self.snapshot()
         if shown.height and "row_id" in shown.columns:
             mine = mine.filter(~pl.col("row_id").is_in(shown["row_id"].to_list()))
@@ -477,15 +519,42 @@ class Tuner:
             self.state.config = dataclasses.replace(self.state.config, tp_size=self.state.tp)
 
     def run_sweep(self) -> SweepResult:
-        """Run the live sweep in this thread (blocking); the plot and progress update per row."""
-        self._read_setup()
-        self.progress.max, self.progress.value = max(self.state.total, 1), 0
-        self._sync_controls()
-        self._say(f"sweeping {self.state.model} on {self.state.tp} ranks ...")
-        result = self.state.run_sweep(on_row=lambda _row: self.redraw())
+        """Run the live sweep in this thread (blocking); the plot and progress update per row.
+
+        A mistake knowable before the ranks start (a tp the model cannot take, a bad token count) is raised here at
+        once; whatever fails, the status line says so (it never stays at "sweeping ...")."""
+        try:
+            self._read_setup()
+            self.state.check_sweep()
+            self.progress.max, self.progress.value = max(self.state.total, 1), 0
+            self._sync_controls()
+            self._say(f"sweeping {self.state.model} on {self.state.tp} ranks ...")
+            result = self.state.run_sweep(on_row=lambda _row: self.redraw(), on_tally=lambda _t: self._show_tally())
+        except Exception as e:
+            self.redraw()
+            self._say(f"sweep failed: {type(e).__name__}: {html.escape(str(e))}", error=True)
+            raise
         self.redraw()
-        self._say(f"sweep done: {len(result.rows)} new rows, {result.skipped} already in {result.store_dir}")
+        tally = self.state.tally
+        done = tally.describe() if tally is not None else f"{len(result.rows)} new rows, {result.skipped} reused"
+        self._say(f"sweep done: {done} (store {result.store_dir})")
         return result
+
+    def _show_tally(self) -> None:
+        """The sweep's count of points (reused from which sweep, measured now) in the bar and the status line."""
+        tally = self.state.tally
+        if tally is not None and self.state.running:
+            self._update_progress()
+            self._say(f"sweeping {self.state.model} on {self.state.tp} ranks: {tally.describe()}")
+
+    def _update_progress(self) -> None:
+        """The bar counts every point of the sweep: reused ones too (the status line says from where)."""
+        state, tally = self.state, self.state.tally
+        done, total = (tally.reused + tally.elsewhere + state.done, tally.total) if tally is not None else (
+            state.done, state.total)
+        self.progress.max = max(total, 1)
+        self.progress.value = min(done, self.progress.max)
+        self.progress.description = f"{done} / {total}" if state.running or done else ""
 
     def start_sweep(self) -> None:
         """The Run button: :meth:`run_sweep` in a background thread so the notebook stays usable."""
@@ -496,19 +565,21 @@ class Tuner:
         def work() -> None:
             try:
                 self.run_sweep()
-            except Exception as e:  # noqa: BLE001 - shown in the widget; a thread has no one to raise to
-                self._say(f"sweep failed: {type(e).__name__}: {e}", error=True)
+            except Exception:  # noqa: BLE001, S110 - run_sweep said it in the status line; a thread has no cell
+                pass
 
         self._thread = threading.Thread(target=work, name="sp_lab-tuner-sweep", daemon=True)
         self._thread.start()
 
-    def replay(self, source: str | Path | pl.DataFrame | None = None) -> None:
-        """Show recorded rows (see :meth:`TunerState.replay`) and select their recommended policy."""
+    def replay(self, source: str | Path | pl.DataFrame | None = None, *,
+               setup: Setup | Mapping[str, Any] | None = None) -> None:
+        """Show recorded rows of one setup (see :meth:`TunerState.replay`) and select their recommended policy;
+        the status line says which setup it shows and lists the others with their row counts."""
         self._read_setup()
-        message = self.state.replay(source)
+        message = self.state.replay(source, setup=setup)
         self._sync_controls()
         self.redraw()
-        self._say(message)
+        self._say(html.escape(message).replace("\n", "<br>"))
 
     def _demo_clicked(self) -> None:
         """The "Predicted demo (H200)" button: a click has no cell to raise into; the status line shows the error."""
@@ -592,7 +663,10 @@ class Tuner:
         from sp_lab.viz.latency import plot_latency
 
         state = self.state
-        rec = state.recommendation_or_none()
+        try:
+            rec, why = state.recommendation(), ""
+        except ValueError as e:  # what is missing, in the regret panel's place
+            rec, why = None, str(e)
         fig = plot_latency(state.snapshot(), config=state.tuned_config(), vllm_min_tokens=self._vllm(),
                            title=self._title())
         if rec is not None and rec.policy != state.policy():
@@ -604,13 +678,12 @@ class Tuner:
 
             add_predicted_curves(fig, state.predicted)
         self.plot.show(fig)
-        self.progress.value = min(state.done, self.progress.max)
-        self.progress.description = f"{state.done} / {state.total}" if state.running or state.done else ""
-        self.regret_html.value = self._regret_html(rec)
+        self._update_progress()
+        self.regret_html.value = self._regret_html(rec, why)
 
-    def _regret_html(self, rec: Recommendation | None) -> str:
+    def _regret_html(self, rec: Recommendation | None, why: str = "") -> str:
         if rec is None:
-            return "<i>a policy needs baseline and sp or sp+async_tp rows at the same token count</i>"
+            return f"<i>{html.escape(why)}</i>"
         table = self.state.regret()
         right = "style='text-align:right;padding:1px 10px'"
         left = "style='text-align:left;padding:1px 10px'"
@@ -652,8 +725,13 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
          variants: Sequence[str] = REFERENCE_VARIANTS, num_layers: int | None = None,
          store_dir: str | Path | None = DEFAULT_STORE, config: LabConfig | None = None,
          threshold: int | None = None, export_dir: str | Path = DEFAULT_OUT,
-         replay: str | Path | pl.DataFrame | bool | None = None, **sweep_kwargs: Any) -> Tuner:
+         replay: str | Path | pl.DataFrame | bool | None = None, setup: Setup | Mapping[str, Any] | None = None,
+         **sweep_kwargs: Any) -> Tuner:
     """The policy tuner widget (see the module docstring).
+
+    Mistakes knowable now are refused here, in the calling cell, not when the sweep starts: a model that does not
+    exist (a checkpoint path: "not found" with the path resolved), a tp it cannot take, token counts, variants or
+    sweep arguments the ranks would refuse (:meth:`TunerState.check_sweep`).
 
     Args:
         model, tp, token_counts, variants, num_layers: the live sweep's setup (editable in the widget).
@@ -665,18 +743,28 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
         replay: rows to show at once: a store dir or a parquet file (recorded rows, labelled ``replayed``), a
             DataFrame, or ``True`` for a demo of the performance model's rows on H200s (``source="predicted"``;
             a preset only). ``None`` starts empty (run a sweep, or press "Predicted demo (H200)" for the demo).
+        setup: which setup of the replayed rows to show (a store holds many): some of its fields
+            (``{"dtype": "bfloat16", "num_layers": 1}``, :data:`sp_lab.bench.setups.SETUP_FIELDS`); ``None``: the
+            newest. The status line says which it shows and lists the others with their row counts.
         **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
     from sp_lab.models.registry import resolve_config
     from sp_lab.paths import default_out, default_store
 
-    resolve_config(model, num_layers=num_layers)  # a typo is refused here, in the calling cell ("did you mean")
     # The default spellings mean the project's folders, not the kernel's directory (notebooks/).
     store_dir = default_store() if store_dir == DEFAULT_STORE else store_dir
     export_dir = default_out() if export_dir == DEFAULT_OUT else export_dir
     state = TunerState(model=model, tp=tp, token_counts=sorted(set(token_counts)), variants=list(variants),
                        num_layers=num_layers, store_dir=None if store_dir is None else str(store_dir),
-                       config=config, sweep_kwargs=dict(sweep_kwargs))
+                       config=config, sweep_kwargs=dict(sweep_kwargs), setup=setup)
+    if store_dir is not None:  # a live sweep can start: refuse now what its ranks would refuse
+        state.check_sweep()
+    else:  # replay only: the model must still exist ("did you mean", a checkpoint path not found)
+        resolve_config(model, num_layers=num_layers)
+    if setup is not None:
+        from sp_lab.bench.setups import check_query
+
+        check_query(setup.to_dict() if hasattr(setup, "to_dict") else setup)  # a misspelt field, named now
     state.threshold = threshold if threshold is not None else state.config.async_tp_min_tokens
     tuner = Tuner(state, export_dir=export_dir)
     if replay is not None and replay is not False:
