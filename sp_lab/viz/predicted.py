@@ -15,7 +15,7 @@ import polars as pl
 
 from sp_lab.programs import REFERENCE_VARIANTS
 from sp_lab.resources import preset_names
-from sp_lab.viz.latency import VARIANT_COLORS
+from sp_lab.viz.latency import LOG_AXIS, VARIANT_COLORS
 from sp_lab.vocabulary import PREDICTED
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ def predicted_section_html(model: str, *, include_plotlyjs: bool | str = False) 
     preset, tp = report_setup(model)
     p: Prediction = predict(preset, tp, REPORT_GPU)
     fig = add_predicted_curves(go.Figure(), p.rows, subplot=False)
-    fig.update_xaxes(type="log", title_text="tokens per forward (log scale)")
-    fig.update_yaxes(type="log", title_text="predicted latency, us (log)")
+    fig.update_xaxes(title_text="tokens per forward (log scale)", **LOG_AXIS)
+    fig.update_yaxes(title_text="predicted latency, us (log)", **LOG_AXIS)
     fig.update_layout(title=f"PREDICTED, not measured: {preset}, {tp}x {p.target.gpu.label}", height=420, width=1100)
     why = "" if preset == model else (f" The swept model <code>{html.escape(model)}</code> is not a preset, so this "
                                       f"shows <code>{preset}</code>.")
@@ -82,8 +82,8 @@ def predicted_section_html(model: str, *, include_plotlyjs: bool | str = False) 
     return "\n".join([
         f"<h2>What this would be on {tp}x H200 (predicted)</h2>",
         (f"<p class='warn'>Everything in this section is <b>predicted</b> (source: predicted) by sp_lab's "
-        f"performance model from single-GPU H200 tables and a published-bandwidth communication model; no "
-        f"multi-GPU run happened.{why} Model and its validation: docs/predictions.md.</p>"),
+        f"performance model; no multi-GPU run happened here.{why} Its terms: {html.escape(p.target.provenance())}. "
+        "Model and its validation: docs/predictions.md.</p>"),
         fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs),
         (f"<p>Predicted crossover sp+async_tp over baseline: {html.escape(p.async_tp.describe())}; sp over baseline: "
         f"{html.escape(p.sp.describe())}.</p>"),

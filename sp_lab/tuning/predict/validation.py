@@ -306,8 +306,9 @@ tables (`h800`, `h100-hbm2e`, `h100-pcie`), every term is modelled as follows an
   other shapes; all_gathers move FP8 bytes, reduce_scatters bf16 outputs; the fused op's own cost is the bf16
   staging line at the FP8 byte count (no FP8 one-rank measurement); activation quantisation is not timed.
 
-Not modelled: embeddings, the LM head (except in the tp 1 check below), NVLink SHARP collectives, multi-node
-traffic, power limits.
+Not modelled: embeddings, the LM head (except in the tp 1 check and the AIConfigurator cross-check below),
+multi-node traffic, power limits. (NVLink SHARP is in the collected NCCL tables wherever NCCL used it on the
+collecting system; the modelled alpha-beta terms leave it out.)
 
 ## Against published multi-GPU figures
 
@@ -342,8 +343,11 @@ _PAGE_TAIL = """
 - No term was adjusted to close a miss: a published figure decides nothing in the model.
 - Training figures (PyTorch's post, torchtitan) are end-to-end or forward-only training steps with backward,
   recomputation, FSDP and the optimizer; the model predicts one forward decoder layer.
-- Blackwell (B200) kernel times are H200 measurements scaled by datasheet peaks: the fused ops were never timed
-  on Blackwell, where PyTorch's own issue tracker reports them much slower at small M.
+- On B200 the matmuls and collectives are collected, but the fused ops' own cost and overlap are H200
+  measurements scaled by datasheet peaks: the fused ops were never timed on Blackwell, where PyTorch's own issue
+  tracker reports them much slower at small M.
+- With collected tables the crossover band is narrow: the band moves the modelled inputs only (interconnect
+  constants, which no longer set any collective, and contention), and the collected tables carry no spread.
 """
 
 
