@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_serving_verdict import rows
 
@@ -22,10 +24,15 @@ def test_step_size_plot_carries_the_histogram_the_curves_and_both_thresholds():
     names = [t.name for t in fig.data]
     assert "baseline (measured)" in names and "share of step time" in names
     time_trace = next(t for t in fig.data if t.name == "share of step time")
-    assert list(time_trace.x) == [1, 2, 4096, 8192]
-    assert list(time_trace.y) == pytest.approx([100 * 900 / 10900] * 2 + [100 * 10000 / 10900] * 2)
+    assert list(time_trace.x) == [1, 1, 2, 2, 4096, 4096, 8192, 8192]
+    small, large = 100 * 900 / 10900, 100 * 10000 / 10900
+    assert list(time_trace.y) == pytest.approx([0, small, small, 0, 0, large, large, 0])
+    # lines at the thresholds' token counts on both panels; labels at log10 of them (plotly's log-axis annotations)
+    # (both thresholds are 4096 here: one line each on each panel)
+    assert sorted((sh.x0, sh.xref) for sh in fig.layout.shapes) == [(4096, "x"), (4096, "x"), (4096, "x2"), (4096, "x2")]
     assert "MEASURED" in fig.layout.title.text
-    assert any("threshold per count: 4096" in a.text for a in fig.layout.annotations)
+    label = next(a for a in fig.layout.annotations if a.text == "threshold per count: 4096")
+    assert label.x == pytest.approx(math.log10(4096))
 
 
 def test_latency_plot_has_ttft_and_tpot_per_policy_and_refuses_a_step_list():

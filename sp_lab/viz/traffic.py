@@ -10,6 +10,7 @@ Every title says whether the rows are measured or predicted.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
@@ -68,22 +69,29 @@ def step_sizes_figure(curves: pl.DataFrame, histogram: pl.DataFrame, *, per_coun
                                        "dash": "solid" if source == "measured" else "dash"},
                                  hovertemplate="%{x} tokens: %{y:.2f} ms<extra>" + str(variant) + "</extra>"),
                       row=1, col=1)
-    # the histogram as a step outline over each bin's token range, so it shares the curves' log axis
+    # the histogram as one box per bin over its token range (down to 0 on both sides, so empty bins between
+    # stay empty), drawn as lines so it shares the curves' log axis
     xs, steps, times = [], [], []
     for b in histogram.iter_rows(named=True):
-        xs += [b["low"], b["high"] + 1]
-        steps += [100 * b["step_share"]] * 2
-        times += [100 * b["time_share"]] * 2
+        xs += [b["low"], b["low"], b["high"] + 1, b["high"] + 1]
+        steps += [0.0, 100 * b["step_share"], 100 * b["step_share"], 0.0]
+        times += [0.0, 100 * b["time_share"], 100 * b["time_share"], 0.0]
     fig.add_trace(go.Scatter(x=xs, y=times, name="share of step time", mode="lines", fill="tozeroy",
                              line={"color": "#d62728"}, hovertemplate="%{x} tokens: %{y:.1f}% of time<extra></extra>"),
                   row=2, col=1)
     fig.add_trace(go.Scatter(x=xs, y=steps, name="share of steps", mode="lines", line={"color": "#555", "dash": "dot"},
                              hovertemplate="%{x} tokens: %{y:.1f}% of steps<extra></extra>"), row=2, col=1)
-    for value, label, dash in ((per_count, "threshold per count", "dash"),
-                               (traffic_weighted, "traffic-weighted", "dot")):
-        if value is not None:
-            fig.add_vline(x=value, line={"color": "black", "dash": dash},
-                          annotation_text=f"{label}: {describe_threshold(value)}", annotation_position="top left")
+    for value, label, dash, y in ((per_count, "threshold per count", "dash", 1.0),
+                                  (traffic_weighted, "traffic-weighted", "dot", 0.94)):
+        if value is None:
+            continue
+        # plotly.js places a shape on a log axis at the data value but an annotation at its log10 (add_vline's label
+        # would land at 10**value, off the plot): the lines and their labels are added apart
+        for axis in ("x", "x2"):
+            fig.add_shape(type="line", x0=value, x1=value, xref=axis, yref=f"{'y' if axis == 'x' else 'y2'} domain",
+                          y0=0, y1=1, line={"color": "black", "dash": dash, "width": 1.5})
+        fig.add_annotation(x=math.log10(value), xref="x", y=y, yref="paper", text=f"{label}: {describe_threshold(value)}",
+                           showarrow=False, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)")
     fig.update_xaxes(type="log", title_text="tokens per step (log scale)", row=2, col=1)
     fig.update_xaxes(type="log", row=1, col=1)
     fig.update_yaxes(type="log", title_text="ms per step (log)", row=1, col=1)
