@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -183,6 +183,8 @@ class CollectiveTable:
     """NCCL version."""
     rows: pl.DataFrame
     """The parquet's rows."""
+    index: dict = field(default_factory=dict, repr=False, compare=False)
+    """Grid points per (op, dtype, GPUs), filled on first use (a prediction looks up thousands of times)."""
 
     @classmethod
     def load(cls, system: str, version: str | None = None) -> CollectiveTable:
@@ -201,17 +203,21 @@ class CollectiveTable:
         dtype = {2: "half", 1: "int8"}.get(element_bytes)
         if dtype is None:
             raise ValueError(f"element_bytes must be 2 (half) or 1 (int8), got {element_bytes}")
-        xs, ys = _points(self.rows, (pl.col("op_name") == op) & (pl.col("nccl_dtype") == dtype)
+        xs, ys = _points(self.rows, self.index, (pl.col("op_name") == op) & (pl.col("nccl_dtype") == dtype)
                          & (pl.col("num_gpus") == tp), f"{self.label}: {op} {dtype} on {tp} GPUs")
         ms, grid = interp_loglog(nbytes / NCCL_ELEMENT_BYTES[dtype], xs, ys)
         return Lookup(us=1e3 * ms, grid=grid, table=self.label)
 
 
-def _points(rows: pl.DataFrame, cond: pl.Expr, what: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = rows.filter(cond).group_by("message_size").agg(pl.col("latency").median()).sort("message_size")
-    if pts.height == 0:
-        raise TablesUnavailable(f"no rows for {what}")
-    return pts["message_size"].to_numpy().astype(float), pts["latency"].to_numpy().astype(float)
+def _points(rows: pl.DataFrame, index: dict, cond: pl.Expr, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted ``message_size`` and median ``latency`` of the rows matching ``cond`` (``what`` names them),
+    kept in ``index`` under ``what``."""
+    if what not in index:
+        pts = rows.filter(cond).group_by("message_size").agg(pl.col("latency").median()).sort("message_size")
+        if pts.height == 0:
+            raise TablesUnavailable(f"no rows for {what}")
+        index[what] = (pts["message_size"].to_numpy().astype(float), pts["latency"].to_numpy().astype(float))
+    return index[what]
 
 
 # ------------------------------------------------------------------------------------------ vLLM's all-reduce
@@ -264,6 +270,8 @@ class VllmAllReduceTable:
     """vLLM version."""
     rows: pl.DataFrame
     """The parquet's rows."""
+    index: dict = field(default_factory=dict, repr=False, compare=False)
+    """Grid points per (backend, GPUs), filled on first use."""
 
     @classmethod
     def load(cls, system: str, version: str | None = None) -> VllmAllReduceTable:
@@ -279,7 +287,7 @@ class VllmAllReduceTable:
     def latency(self, nbytes: float, tp: int, *, graph: bool = True) -> Lookup:
         """Time of vLLM's all-reduce of ``nbytes`` bf16 bytes over ``tp`` GPUs (CUDA graph or eager)."""
         backend = "vllm_graph" if graph else "vllm_eager"
-        xs, ys = _points(self.rows, (pl.col("backend") == backend) & (pl.col("num_gpus") == tp),
+        xs, ys = _points(self.rows, self.index, (pl.col("backend") == backend) & (pl.col("num_gpus") == tp),
                          f"{self.label}: {backend} on {tp} GPUs")
         ms, grid = interp_loglog(nbytes / VLLM_ELEMENT_BYTES, xs, ys)
         return Lookup(us=1e3 * ms, grid=grid, table=f"{self.label} ({backend})")
