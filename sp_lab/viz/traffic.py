@@ -96,7 +96,7 @@ def step_sizes_figure(curves: pl.DataFrame, histogram: pl.DataFrame, *, per_coun
     fig.update_xaxes(type="log", row=1, col=1)
     fig.update_yaxes(type="log", title_text="ms per step (log)", row=1, col=1)
     fig.update_yaxes(title_text="% of steps / time", row=2, col=1)
-    fig.update_layout(title=title or f"Where the traffic's time goes ({source.upper()} rows)", height=620, width=1000)
+    fig.update_layout(title=title or f"Where the traffic's time goes ({source.upper()} rows)", height=620, width=1100)
     return fig
 
 
