@@ -27,6 +27,8 @@ FIGURES_JSON = DATA_DIR / "published_figures.json"
 
 SPEEDUP_TOLERANCE = 0.15
 """A predicted speedup within +-15% of the published one counts as a hit."""
+OUTSIDE_NOTE = "beyond the collected grid: scaled from its edge"
+"""A figure's note when a collected-table lookup left the table's grid."""
 CROSSOVER_FACTOR = 2.0
 """A predicted crossover within a factor of 2 of the published one counts as a hit."""
 
@@ -84,11 +86,13 @@ def predict_figure(fig: Figure) -> tuple[float | None, str]:
             preds = [predict_matmul(kernels, target, shape, s["tokens"], s["tp"], hidden) for shape in shapes]
             unfused, fused = sum(p.unfused_us for p in preds), sum(p.fused_us for p in preds)
             note = "roofline estimate for unmeasured shapes" if kernels.estimated else ""
+            if any(h.outside for p in preds for h in p.lookups):
+                note = OUTSIDE_NOTE
             return (unfused / fused if quantity == "fused_speedup" else fused - unfused), note
         if quantity == "layer_speedup":
             rows = predict_layers(s["model"], s["tp"], [s["tokens"]], target, num_layers=1, full_layer=True)
             t = dict(zip(rows["variant"], rows["latency_us"], strict=True))
-            return t[s["against"]] / t[s["variant"]], ""
+            return t[s["against"]] / t[s["variant"]], OUTSIDE_NOTE if any(rows["outside_grid"]) else ""
         if quantity == "crossover_tokens":
             c = predicted_crossover(s["model"], s["tp"], target, variant=s["variant"], against=s["against"])
             band = f"band {c.low if c.low is not None else '-'}-{c.high if c.high is not None else 'none'}"
@@ -153,6 +157,20 @@ def miss_breakdown(fig: Figure) -> str:
                 f"matmuls {_us(a['matmul_us'])} + collectives {_us(a['comm_us'])} + norms {_us(a['norm_us'])}; "
                 f"{s['variant']} fused calls {_us(b['matmul_us'])} + norms {_us(b['norm_us'])}, the fused calls being "
                 f"{_device_terms(preds, s['tp'])}; attention and activation {_us(a['same_in_all_us'])} in both.")
+    if s["quantity"] == "crossover_tokens":
+        tokens = int(fig.published)  # the layer's terms at the published threshold, where the two should meet
+        rows = predict_layers(s["model"], s["tp"], [tokens], target, num_layers=1)
+        r = {row["variant"]: row for row in rows.iter_rows(named=True)}
+        a, b = r[s["against"]], r[s["variant"]]
+        hidden = _spec_dims(s["model"])["hidden_size"]
+        preds = [predict_matmul(kernels, target, shape, tokens, s["tp"], hidden)
+                 for shape in tp_matmul_shapes(s["model"], s["tp"])]
+        return (f"one {s['model']} layer at the published {tokens} tokens on {s['tp']}x {target.gpu.label} "
+                f"({'collected' if target.tables else 'modelled'} tables): {s['against']} matmuls "
+                f"{_us(a['matmul_us'])} + all_reduce {_us(a['comm_us'])} ({a['all_reduce_impl']}) + norms "
+                f"{_us(a['norm_us'])} = {_us(a['latency_us'])}; {s['variant']} fused calls {_us(b['matmul_us'])} + "
+                f"norms {_us(b['norm_us'])} = {_us(b['latency_us'])}, the fused calls being "
+                f"{_device_terms(preds, s['tp'])}.")
     return ""
 
 
