@@ -148,15 +148,42 @@ def test_export_with_an_explicit_threshold_writes_a_tuned_config_with_provenance
     assert provenance["sweep_rows"] == 15
 
 
-def test_rows_of_several_setups_must_be_narrowed_down(store, tmp_path, capsys):
-    SweepStore(store).append(curve_rows(tp=4))
-    assert cli.main(["export", "--store", str(store), "--threshold", "64", "--out", str(tmp_path)]) == 2
+def test_tune_export_and_report_pick_one_setup_of_a_shared_store_and_say_which(tmp_path, capsys):
+    """The project's store after `make run` (float32, 2 layers) and notebook 06 (bf16 and FP8, 1 layer): every
+    command uses one setup, the newest unless the flags ask for another, prints which, and lists the others with
+    their row counts and the --setup that picks each; the report draws the one tune chose."""
+    store = tmp_path / "sweeps"
+    SweepStore(store).append(curve_rows(timestamp="2026-12-06T21:00:00.000+00:00"))
+    SweepStore(store).append(curve_rows(timestamp="2026-12-06T22:00:00.000+00:00", num_layers=1, dtype="bfloat16"))
+    SweepStore(store).append(curve_rows(timestamp="2026-12-06T22:05:00.000+00:00", num_layers=1,
+                                        dtype="fp8-rowwise")[:9])  # 1, 4 and 16 tokens
+    assert cli.main(["tune", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "setup: the newest of 3 in these rows, toy (1 layer, hidden 64), fp8-rowwise, tp 2" in out
+    assert "(9 rows, measured, newest 2026-12-06 22:05 UTC)" in out
+    assert "  - --setup num_layers=1,dtype=bfloat16: 15 rows, measured, newest 2026-12-06 22:00 UTC" in out
+    assert "  - --setup num_layers=2,dtype=float32: 15 rows, measured, newest 2026-12-06 21:00 UTC" in out
+    assert "baseline everywhere" in out  # the FP8 rows (1-16 tokens) alone: fusion never pays there
+
+    assert cli.main(["tune", "--store", str(store), "--setup", "num_layers=2,dtype=float32"]) == 0
+    out = capsys.readouterr().out
+    assert "setup asked for (--setup num_layers=2,dtype=float32): toy (2 layers" in out and "from 64" in out
+    assert cli.main(["export", "--store", str(store), "--dtype", "bfloat16", "--threshold", "64",
+                     "--out", str(tmp_path / "cfg")]) == 0
+    (path,) = (tmp_path / "cfg").glob("*.json")
+    assert "dtype=bfloat16" in path.name and json.loads(path.read_text())["provenance"]["sweep_rows"] == 15
+    capsys.readouterr()
+    assert cli.main(["report", "--store", str(store), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "<h1>sp_lab report: toy, tp=2, fp8-rowwise, cpu: test</h1>" in page
+    assert "This report shows one setup of the 3 the rows hold" in page
+    assert cli.main(["tune", "--store", str(store), "--setup", "dtype=float16"]) == 2
     err = capsys.readouterr().err
-    assert "rows from 2 different setups" in err and "tp=2" in err and "tp=4" in err
-    assert (
-        cli.main(["export", "--store", str(store), "--tp", "4", "--threshold", "64", "--out", str(tmp_path)])
-        == 0
-    )
+    assert "no rows of the setup asked for (--setup dtype=float16); the rows hold 3 setup(s)" in err
+    assert "--setup num_layers=2,dtype=float32: 15 rows" in err
+    with pytest.raises(SystemExit):  # refused while parsing, as argparse refuses a bad value
+        cli.main(["tune", "--store", str(store), "--setup", "dtyp=float16"])
+    assert "argument --setup: setup fields ['dtyp'] do not exist" in capsys.readouterr().err
 
 
 def test_missing_store_and_corrupt_part_are_clear_errors(store, tmp_path, capsys):

@@ -318,11 +318,19 @@ def test_two_rank_sweep_rows_have_full_provenance_then_resume_after_interruption
     assert first.height == 5  # ...but every row measured before the failure is on disk
 
     # 2) resumed: measures only the 7 missing points, loses nothing, duplicates nothing
+    tallies = []
     result = sweep_two_ranks(
-        store_dir, token_counts=TOKENS, variants=["baseline", "sp", "sp+async_tp"], on_row=streamed.append
+        store_dir, token_counts=TOKENS, variants=["baseline", "sp", "sp+async_tp"], on_row=streamed.append,
+        on_tally=tallies.append,
     )
     assert result.skipped == 5 and len(result.rows) == 7
     assert len(streamed) == 7  # the parent's watcher saw each new row
+    # ... and told the reused points and where from, from the first count it saw to the last
+    from sp_lab.bench.setups import describe_timestamp
+
+    when = describe_timestamp(first["timestamp"].max())
+    assert tallies[0].reused == 5 and tallies[0].total == 12 and tallies[0].measured < 7
+    assert tallies[-1].describe() == result.tally.describe() == f"5 of 12 points from the sweep of {when}, 7 measured now"
     df = SweepStore(store_dir).read()
     assert df.height == 12
     assert df.select(KEY_COLUMNS).is_unique().all()

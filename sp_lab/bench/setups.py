@@ -116,7 +116,9 @@ class SetupChoice:
         chosen = f"{self.chosen.setup.describe()} ({_rows_when(self.chosen)})"
         if not self.others:
             return f"setup: {chosen}"
-        if self.how == "asked":
+        if self.how == "asked" and set(self.asked or {}) >= set(SETUP_FIELDS):  # a whole Setup: it is named below
+            head = f"setup asked for: {chosen}"
+        elif self.how == "asked":
             head = f"setup asked for ({_format_query(self.asked or {}, style)}): {chosen}"
         else:
             head = f"setup: the newest of {1 + len(self.others)} in these rows, {chosen}"

@@ -694,13 +694,18 @@ def launch_sweep(
         if planned is None:
             return
         tally = SweepTally.from_dict(planned).with_measured(measured[0])
+        if tally == told[0]:
+            return  # nothing new: no redraw (a bar redrawn every poll floods a log)
+        told[0] = tally
         if bar is not None:
             if bar.total != tally.total:
                 bar.reset(total=tally.total)  # the clock starts when measuring starts, not at rank start-up
             bar.set_postfix_str(tally.describe(), refresh=False)
-            bar.update(tally.done - bar.n)
-        if on_tally is not None and tally != told[0]:
-            told[0] = tally
+            if tally.done > bar.n:
+                bar.update(tally.done - bar.n)
+            else:
+                bar.refresh()
+        if on_tally is not None:
             on_tally(tally)
 
     def watch() -> None:

@@ -92,14 +92,30 @@ def add_measure_args(p: argparse.ArgumentParser, *, budget: float | None = None)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole sweep (default 3600)")
 
 
+def setup_query(text: str) -> dict[str, str]:
+    """``--setup``: ``FIELD=VALUE[,FIELD=VALUE...]`` (:func:`sp_lab.bench.setups.parse_query`), checked while
+    parsing."""
+    from sp_lab.bench.setups import parse_query
+
+    try:
+        return parse_query(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_filter_args(p: argparse.ArgumentParser) -> None:
-    """Which rows of a store a command reads (``tune``, ``export``, ``report``)."""
+    """Which rows of a store a command reads (``tune``, ``export``, ``report``): one setup, the one the flags ask
+    for (the newest of those that match), else the newest (:func:`sp_lab.bench.setups.select_setup`)."""
     p.add_argument("--store", type=Path, default=None, help=STORE_HELP)
-    p.add_argument("--model", default=None, help="only rows of this model")
-    p.add_argument("--tp", type=positive_int, default=None, help="only rows of this tp size")
-    p.add_argument("--device-name", default=None, help="only rows measured on this device")
-    p.add_argument("--dtype", default=None, help="only rows of this dtype")
-    p.add_argument("--boundary", default=None, help="only rows of this boundary strategy")
+    p.add_argument("--setup", type=setup_query, default=None, metavar="FIELD=VALUE,...",
+                   help="the setup to use when the store holds several, e.g. dtype=bfloat16,num_layers=1 (fields: "
+                   "model, hidden_size, num_layers, tp, dtype, device_name, backend, boundary, torch_version, "
+                   "settings; default: the newest; the command lists the others)")
+    p.add_argument("--model", default=None, help="only rows of this model (a --setup field)")
+    p.add_argument("--tp", type=positive_int, default=None, help="only rows of this tp size (a --setup field)")
+    p.add_argument("--device-name", default=None, help="only rows measured on this device (a --setup field)")
+    p.add_argument("--dtype", default=None, help="only rows of this dtype (a --setup field)")
+    p.add_argument("--boundary", default=None, help="only rows of this boundary strategy (a --setup field)")
     p.add_argument("--source", choices=SOURCES, default=None,
                    help="rows to tune on (default: measured, else replayed; others only when named)")
     p.add_argument("--skip-corrupt", action="store_true", help="quarantine unreadable part files and go on")

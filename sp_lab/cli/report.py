@@ -24,16 +24,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
-    df = rows.filter_rows(rows.load_rows(args.store, skip_corrupt=args.skip_corrupt), args)
-    rec = None
-    try:
-        tuning = rows.one_group(rows.one_source(df, args.source))
+    df = rows.load_rows(args.store, skip_corrupt=args.skip_corrupt)
+    rec, setup = None, None
+    try:  # the setup as tune and export choose it (among the rows tuned on), so all three report the same one
+        tuning, choice = rows.one_setup(rows.one_source(df, args.source), rows.asked_setup(args))
+        setup = choice.setup
         rec = rows.recommend(tuning, rows.base_config(args, tuning))
-    except CliError as e:  # several setups, no baseline, ...: the report is still worth having
+    except CliError as e:  # no measured rows, no baseline, ...: the report is still worth having
         print(f"note: the report has no recommendation: {e}")
+    if setup is None:  # no rows to tune on: the setup asked for (or the newest) among all rows
+        setup = rows.one_setup(df, rows.asked_setup(args))[1].setup
     try:
         path = write_report(df, args.out, store=args.store, recommendation=rec, compile_report=args.compile_report,
-                            include_plotlyjs="cdn" if args.cdn else True, overwrite=args.force)
+                            include_plotlyjs="cdn" if args.cdn else True, overwrite=args.force, setup=setup)
     except ReportOverwriteError as e:
         raise CliError(str(e)) from e
     print(f"report -> {path}")

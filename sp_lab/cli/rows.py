@@ -1,5 +1,6 @@
-"""Rows a command works on: read from the store, filtered by the user's flags, one setup and one source; and the
-library calls on them whose refusals are user errors (recommend, export)."""
+"""Rows a command works on: read from the store, one source and one setup (the one the flags ask for, else the
+newest: :func:`sp_lab.bench.setups.select_setup`, said on stdout with the others); and the library calls on them
+whose refusals are user errors (recommend, export)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from sp_lab.cli.errors import CliError
 from sp_lab.programs import REFERENCE_VARIANTS
-from sp_lab.vocabulary import SETUP_COLUMNS, TUNABLE_SOURCES
+from sp_lab.vocabulary import TUNABLE_SOURCES
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import polars as pl
 
+    from sp_lab.bench.setups import Setup, SetupChoice
     from sp_lab.config import LabConfig
     from sp_lab.tuning.policy import Recommendation
 
@@ -52,28 +56,28 @@ def load_rows(store: Path, *, skip_corrupt: bool = False) -> pl.DataFrame:
     return df
 
 
-def filter_rows(df: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
-    """The rows matching ``--model/--tp/--device-name/--dtype/--boundary``."""
-    import polars as pl
-
-    for col in ("model", "tp", "device_name", "dtype", "boundary"):
-        value = getattr(args, col, None)
+def asked_setup(args: argparse.Namespace) -> dict[str, object]:
+    """The setup fields the flags ask for: ``--setup`` and its shorthands ``--model/--tp/--device-name/--dtype/
+    --boundary`` (empty: the newest setup)."""
+    asked: dict[str, object] = dict(getattr(args, "setup", None) or {})
+    for field in ("model", "tp", "device_name", "dtype", "boundary"):
+        value = getattr(args, field, None)
         if value is not None:
-            df = df.filter(pl.col(col) == value)
-    if df.height == 0:
-        raise CliError("no rows match the filters (--model/--tp/--device-name/--dtype/--boundary)")
-    return df
+            asked[field] = value
+    return asked
 
 
-def one_group(df: pl.DataFrame) -> pl.DataFrame:
-    """The rows if they come from one (model, tp, dtype, device, ...) setup, else a CliError listing them."""
-    groups = df.select(SETUP_COLUMNS).unique().sort(SETUP_COLUMNS)
-    if groups.height > 1:
-        shown = ("model", "tp", "dtype", "device_name", "boundary")
-        listing = "\n  ".join(", ".join(f"{k}={r[k]}" for k in shown) for r in groups.iter_rows(named=True))
-        raise CliError(f"rows from {groups.height} different setups; a policy is tuned for one. Pick one with "
-                       f"--model/--tp/--device-name/--dtype/--boundary:\n  {listing}")
-    return df
+def one_setup(df: pl.DataFrame, asked: Setup | Mapping[str, object] | None) -> tuple[pl.DataFrame, SetupChoice]:
+    """The rows of one setup (``asked``, else the newest), said on stdout with the others and their row counts;
+    a setup that is not there is a CliError listing those that are."""
+    from sp_lab.bench.setups import SetupNotFoundError, select_setup
+
+    try:
+        rows, choice = select_setup(df, asked or None, style="cli")
+    except SetupNotFoundError as e:
+        raise CliError(str(e)) from None
+    print(choice.message("cli"))
+    return rows, choice
 
 
 def one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
@@ -87,9 +91,9 @@ def one_source(df: pl.DataFrame, source: str | None = None) -> pl.DataFrame:
 
 
 def tuning_rows(args: argparse.Namespace) -> pl.DataFrame:
-    """The rows ``tune`` and ``export`` decide on: filtered, one source, one setup."""
+    """The rows ``tune`` and ``export`` decide on: one source, one setup (asked for by the flags, else the newest)."""
     df = load_rows(args.store, skip_corrupt=args.skip_corrupt)
-    return one_group(one_source(filter_rows(df, args), args.source))
+    return one_setup(one_source(df, args.source), asked_setup(args))[0]
 
 
 def recommend(df: pl.DataFrame, base: LabConfig) -> Recommendation:

@@ -38,11 +38,12 @@ def run(args: argparse.Namespace) -> int:
     config = rows.base_config(args)
     print(f"[1/5] sweep {', '.join(REFERENCE_VARIANTS)} interleaved: {args.model}, tp={args.tp}, "
           f"{len(args.tokens)} token counts -> {store}", flush=True)
-    sweep(args, store=store, variants=REFERENCE_VARIANTS, config=config, reports_dir=reports, progress=True)
+    swept = sweep(args, store=store, variants=REFERENCE_VARIANTS, config=config, reports_dir=reports, progress=True)
 
     rec = None
-    if is_rank0():
-        rec = rows.recommend(rows.one_group(rows.one_source(rows.load_rows(store), MEASURED)), config)
+    if is_rank0():  # this run's setup alone, whatever else the store holds (notebooks share it)
+        df = rows.one_setup(rows.one_source(rows.load_rows(store), MEASURED), swept.setup)[0]
+        rec = rows.recommend(df, config)
         print(f"[2/5] tune: {rec.describe()}", flush=True)
     # under torchrun every rank must measure the same tuned config: rank 0's choice goes to all
     steps = broadcast(rec.policy.steps if rec is not None else None)
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from sp_lab.tuning.export import describe_file
     from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
-    df = rows.one_group(rows.one_source(rows.load_rows(store), MEASURED))
+    df = rows.one_setup(rows.one_source(rows.load_rows(store), MEASURED), swept.setup)[0]
     path = rows.export(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
                        vllm_release=args.vllm_release)
     print(f"[4/5] {describe_file(path)}")

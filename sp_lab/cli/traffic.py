@@ -72,7 +72,7 @@ def _traffic(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from sp_lab.serving.scheduler import SchedulerLimits
-    from sp_lab.serving.step_costs import LatencyCurves, measured_rows, predicted_curves, shared_terms
+    from sp_lab.serving.step_costs import LatencyCurves, measured_setup, predicted_curves, shared_terms
     from sp_lab.serving.verdict import evaluate
 
     if args.validate:
@@ -89,9 +89,10 @@ def run(args: argparse.Namespace) -> int:
         workload(args.workload)  # a mistyped name fails before any row is predicted
         limits = SchedulerLimits(args.max_num_batched_tokens, args.max_num_seqs)
         if args.measured_store is not None:
-            rows = measured_rows(args.measured_store, args.model, args.tp, dtype=args.dtype, device_name=args.device)
+            rows, choice = measured_setup(args.measured_store, args.model, args.tp, dtype=args.dtype,
+                                         device_name=args.device)
             curves = LatencyCurves.from_rows(rows, shared=shared_terms(args.model, args.tp, args.gpu))
-            print(f"rows: measured, from {args.measured_store}")
+            print(f"rows: measured, from {args.measured_store}\n{choice.message('cli')}")
         else:
             curves = predicted_curves(args.model, args.tp, args.gpu, dtype=args.dtype or "bfloat16",
                                       max_tokens=args.max_num_batched_tokens)

@@ -20,12 +20,16 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from sp_lab.serving.scheduler import StepPrice
 from sp_lab.vocabulary import MEASURED
+
+if TYPE_CHECKING:
+    from sp_lab.bench.setups import SetupChoice
 
 __all__ = ["Curve", "LatencyCurves", "SharedTerms", "measured_rows", "predicted_curves", "predicted_rows",
            "predicted_token_grid", "shared_terms"]
@@ -57,28 +61,29 @@ def predicted_rows(model: str, tp: int, gpu: str, dtype: str = "bfloat16", max_t
 
 def measured_rows(store: str | Path, model: str, tp: int, *, dtype: str | None = None,
                   device_name: str | None = None) -> pl.DataFrame:
-    """Measured rows of one setup from the sweep store at ``store``; ``ValueError`` naming what is there when
-    nothing matches or several setups (devices, dtypes) would be mixed."""
+    """Measured rows of one setup from the sweep store at ``store`` (:func:`measured_setup`'s rows)."""
+    return measured_setup(store, model, tp, dtype=dtype, device_name=device_name)[0]
+
+
+def measured_setup(store: str | Path, model: str, tp: int, *, dtype: str | None = None,
+                   device_name: str | None = None) -> tuple[pl.DataFrame, SetupChoice]:
+    """Measured rows of one setup from the sweep store at ``store``, and which setup
+    (:func:`sp_lab.bench.setups.select_setup`: the newest with this model and tp, and ``dtype`` / ``device_name``
+    when given; its message lists the others); ``ValueError`` naming what is there when nothing matches."""
+    from sp_lab.bench.setups import select_setup
     from sp_lab.bench.store import SweepStore
 
     frame = SweepStore(Path(store)).read(skip_corrupt=True)
     if frame.height == 0:
         raise ValueError(f"the store {store} holds no rows; sweep first (python -m sp_lab sweep ...) or leave out "
                          "--store to use predicted rows")
-    want = {"source": MEASURED, "model": model, "tp": tp, "dtype": dtype, "device_name": device_name}
-    rows = frame
-    for column, value in want.items():
-        if value is not None:
-            rows = rows.filter(pl.col(column) == value)
-    if rows.height == 0:
-        have = frame.select("source", "model", "tp", "dtype", "device_name").unique().sort("model", "tp").rows()
-        raise ValueError(f"no measured rows for model={model!r}, tp={tp} in {store}; it has (source, model, tp, "
-                         f"dtype, device): {have}")
-    setups = rows.select("dtype", "device_name").unique().rows()
-    if len(setups) > 1:
-        raise ValueError(f"measured rows of {model} at tp {tp} come from several setups {setups}: pass dtype= and "
-                         "device_name= (--dtype / --device) to pick one; setups are never pooled")
-    return rows
+    measured = frame.filter(pl.col("source") == MEASURED)
+    if measured.height == 0:
+        raise ValueError(f"the store {store} holds no measured rows (only {sorted(set(frame['source']))}); sweep "
+                         "first or leave out --store to use predicted rows")
+    asked = {k: v for k, v in {"model": model, "tp": tp, "dtype": dtype, "device_name": device_name}.items()
+             if v is not None}
+    return select_setup(measured, asked, style="cli")  # SetupNotFoundError (a ValueError) lists the setups there
 
 
 @dataclass(frozen=True)
