@@ -153,3 +153,22 @@ def test_predicted_grid_is_fine_at_decode_sizes_and_reaches_the_budget():
     grid = predicted_token_grid(8192)
     assert grid[:64] == list(range(1, 65)) and grid[-1] == 8192
     assert all(b / a <= 2 ** (1 / 8) + 0.01 for a, b in itertools.pairwise(grid[63:]))
+
+
+def test_a_regret_weighted_by_traffic_counts_the_time_spent_at_each_size():
+    from sp_lab.serving.scheduler import StepPrice
+    from sp_lab.serving.verdict import count_weights
+    from sp_lab.tuning.regret import traffic_regret
+
+    # 90 one-token steps of 10 us and 10 steps of 4096 tokens of 910 us: 900 and 9100 us, shares 0.09 and 0.91
+    price = StepPrice(tuple([0.0, 10.0] + [910.0] * 4095))
+    sched = replay_steps([1] * 90 + [4096] * 10, price)
+    weights = count_weights(sched, [1, 64, 4096])
+    assert weights == pytest.approx({1: 0.09, 64: 0.0, 4096: 0.91})
+    # a step of 2080 tokens lies halfway between 64 and 4096: its time splits evenly
+    assert count_weights(replay_steps([2080], price), [64, 4096]) == pytest.approx({64: 0.5, 4096: 0.5})
+    table = pl.DataFrame({"num_tokens": [1, 64, 4096], "regret_rel": [0.5, 0.3, 0.0]})
+    # the config loses 50% at one token and nothing at 4096; the traffic spends 9% of its time at one token
+    assert traffic_regret(table, weights) == pytest.approx(0.09 * 0.5)
+    with pytest.raises(ValueError, match=r"steps of \[4096\] tokens lie outside the counts 1..64"):
+        count_weights(sched, [1, 64])

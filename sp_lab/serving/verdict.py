@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from sp_lab.serving.traffic import Traffic
 
 __all__ = ["NOISE_BAND", "HistogramBin", "Percentiles", "PolicyResult", "ThresholdChoice", "TrafficVerdict",
-           "evaluate", "per_count_threshold", "speedup_interval", "step_histogram", "traffic_weighted_threshold"]
+           "count_weights", "evaluate", "per_count_threshold", "speedup_interval", "step_histogram",
+           "traffic_weighted_threshold"]
 
 NOISE_BAND = (0.97, 1.03)
 """Speedups inside this band are "no meaningful benefit" (the seed's serving runs read 0.98-1.02x as noise)."""
@@ -251,6 +252,25 @@ def step_histogram(sched: Schedule) -> tuple[HistogramBin, ...]:
         time_s = float(sched.run_time_s[sel].sum())
         bins.append(HistogramBin(2 ** e, 2 ** (e + 1) - 1, steps, time_s, steps / total_steps, time_s / total_s))
     return tuple(bins)
+
+
+def count_weights(sched: Schedule, counts: Sequence[int]) -> dict[int, float]:
+    """Share of ``sched``'s step time at each of ``counts`` (e.g. the token counts a regret table has): a run
+    between two counts splits its time between them as linear interpolation does. What weights a regret by a
+    traffic (:func:`sp_lab.tuning.regret.traffic_regret`); ``ValueError`` for steps outside ``counts``."""
+    from sp_lab.serving.step_costs import Curve
+
+    grid = np.unique(np.asarray(counts, dtype=np.int64))
+    outside = sched.run_tokens[(sched.run_tokens < grid[0]) | (sched.run_tokens > grid[-1])]
+    if outside.size:
+        raise ValueError(f"steps of {sorted(set(outside.tolist()))[:5]} tokens lie outside the counts "
+                         f"{int(grid[0])}..{int(grid[-1])}: measure those counts to weight by this traffic")
+    lo, hi, w = Curve("", grid, np.zeros(grid.size), np.zeros(grid.size)).weights(sched.run_tokens)
+    share = np.zeros(grid.size)
+    np.add.at(share, lo, w * sched.run_time_s)
+    np.add.at(share, hi, (1 - w) * sched.run_time_s)
+    share /= sched.run_time_s.sum()
+    return {int(t): float(s) for t, s in zip(grid.tolist(), share.tolist(), strict=True)}
 
 
 def _gradient(curves: LatencyCurves, policy: ServingPolicy, sched: Schedule) -> dict[tuple[str, int], float]:

@@ -166,3 +166,15 @@ def summarize(table: pl.DataFrame) -> tuple[float, float]:
     if table.height == 0:
         return math.nan, math.nan
     return float(table["regret_rel"].sum()), float(table["regret_rel"].max())
+
+
+def traffic_regret(table: pl.DataFrame, weights: Mapping[int, float]) -> float:
+    """The regret a traffic feels: ``sum_T w_T * regret_rel(T) / sum_T w_T`` over the table's token counts, where
+    ``w_T`` is the share of the traffic's step time at ``T`` (:func:`sp_lab.serving.verdict.count_weights`): a
+    config that loses 50% at a size the traffic never runs costs it nothing. ``nan`` when no weight falls on the
+    table's counts."""
+    w = pl.DataFrame({"num_tokens": list(weights), "w": [float(v) for v in weights.values()]},
+                     schema={"num_tokens": pl.Int64, "w": pl.Float64})
+    joined = table.select("num_tokens", "regret_rel").join(w, on="num_tokens", how="inner")
+    total = float(joined["w"].sum()) if joined.height else 0.0
+    return float((joined["w"] * joined["regret_rel"]).sum()) / total if total > 0 else math.nan
