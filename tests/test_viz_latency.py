@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import polars as pl
 import pytest
@@ -169,13 +170,57 @@ def test_every_figure_names_device_and_torch_of_its_rows_whatever_its_title(swee
     line = "model toy · tp 2 · device cpu · torch 2.13.0+cpu · boundary sharded · dtype float32 · source: measured"
     assert latency.provenance_line(sweep) == line
     for title in (None, "my sweep"):
-        text = latency.plot_latency(sweep, title=title).layout.title.text
-        assert text == f"{title or 'Forward latency vs tokens'}<br><sup>{line}</sup>"
+        first, *under = latency.plot_latency(sweep, title=title).layout.title.text.split("<br>")
+        assert first == (title or "Forward latency vs tokens")
+        assert " · ".join(re.sub("</?sup>", "", u) for u in under) == line  # wrapped (see the next test), all said
     two = pl.concat([sweep, sweep.with_columns(device_name=pl.lit("NVIDIA H200"), torch_version=pl.lit("2.9.0"))])
     assert "device: 2 values (see the legend) · torch: 2 values (see the legend)" in latency.provenance_line(two)
     assert {s.label for s in latency.latency_data(two).series} >= {
         "sp · device_name=cpu, torch_version=2.13.0+cpu", "sp · device_name=NVIDIA H200, torch_version=2.9.0"}
     assert latency.provenance_line(pl.DataFrame()) == "no rows yet"
+
+
+def _lines(text: str) -> list[str]:
+    return re.sub("</?sup>", "", text).split("<br>")
+
+
+def test_the_layout_reads_at_a_notebooks_width(sweep):
+    """Where plotly puts things, read from the layout (not pixels): a replay of three machines (a dozen legend
+    entries, wrapping onto several lines) with a config whose name is long."""
+    many = pl.concat([sweep.with_columns(device_name=pl.lit(d))
+                      for d in ("cpu", "NVIDIA H200", "NVIDIA H100 80GB HBM3")])
+    config = LabConfig(async_tp_min_tokens=128, heuristic=None)
+    fig = latency.plot_latency(many, config=config, title="a caller's title that is long enough to need a second "
+                                                          "line at the width of a notebook's output area")
+    legend, title = fig.layout.legend, fig.layout.title
+    assert len([t for t in fig.data if t.showlegend is not False]) >= 12
+    # The config's curve is drawn per machine, each left to right (one line through all three zigzagged).
+    configs = [t for t in fig.data if t.meta == latency.CONFIG_META]
+    assert len(configs) == 3 and all(list(t.x) == sorted(t.x) for t in configs)
+    # The legend at the figure's bottom edge, where plotly.js reserves the room it takes however many lines it
+    # wraps onto; the title at the top edge, in a top margin sized for its lines: the legend never covers it
+    # (above the plot, a wrapping legend grew upwards over the title).
+    assert (legend.orientation, legend.yref, legend.yanchor, legend.y) == ("h", "container", "bottom", 0)
+    assert (title.yref, title.yanchor, title.y) == ("container", "top", 1)
+    assert fig.layout.margin.t >= 30 + 22 * len(_lines(title.text))  # its padding and every line above the plot
+    # No line of the title or of a subplot title wider than the output area (a centred long line is cut at both
+    # ends), and nothing dropped by the wrapping.
+    subplot_titles = [a.text for a in fig.layout.annotations if a.xref == "paper"]
+    assert len(subplot_titles) == 2 and "config: baseline below 128, sp+async_tp from 128" in subplot_titles[1]
+    for text in (title.text, *subplot_titles):
+        assert all(len(line) <= latency.TITLE_CHARS for line in _lines(text)), _lines(text)
+    assert "a caller's title that is long enough" in title.text and "source: measured" in title.text
+    # Log axes label whole values, none of their minor ticks ("2 3 5" between decades read as values).
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.yaxis):
+        assert (axis.type, axis.minorloglabels, axis.exponentformat) == ("log", "none", "none")
+
+
+def test_titles_wrap_at_separators_and_keep_every_word():
+    text = "model toy · tp 2 · device cpu: AMD EPYC 7B13 64-Core Processor · torch 2.13.0+cpu · boundary sharded"
+    lines = latency.wrap_title(text, width=64)
+    assert lines == ["model toy · tp 2 · device cpu: AMD EPYC 7B13 64-Core Processor",
+                     "torch 2.13.0+cpu · boundary sharded"]
+    assert latency.wrap_title("one two three four", width=9) == ["one two", "three", "four"]
 
 
 def test_modelled_rows_are_dashed_curves_and_regret_lines_alike(sweep):

@@ -73,6 +73,12 @@ _PROVENANCE_NAMES = {"model": "model", "tp": "tp", "device_name": "device", "tor
 _GROUP_COLUMNS = ("source", *LEGEND_COLUMNS)
 CONFIG_META = "gated"
 """``meta`` of the trace drawing what the config runs at each token count (tests and the tuner find it)."""
+LOG_AXIS = {"type": "log", "minorloglabels": "none", "exponentformat": "none", "separatethousands": True}
+"""Every log axis sp_lab draws: labels at full values (``10,000``, not ``10k``) and none on the minor ticks, whose
+default small digits ("2 3 5" between decades) read as values of their own."""
+TITLE_CHARS = 90
+"""The longest line a figure's title or subplot title may have: it fits a notebook's output area (about 900 px
+at plotly's title font) without being cut at either end."""
 
 
 @dataclass(frozen=True)
@@ -284,9 +290,10 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
     """Latency with intervals (top, log-log), the config's curve, and its regret (bottom, shared log x).
 
     ``title`` (default "Forward latency vs tokens") gets the rows' :func:`provenance_line` under it, always."""
-    regret_title = (f"regret of the config ({data.config_name}) vs the fastest variant at each token count"
+    regret_title = ("regret of the config vs the fastest variant at each token count<br>"
+                    + "<br>".join(f"<sup>{line}</sup>" for line in wrap_title(f"config: {data.config_name}"))
                     if data.config_name else "regret (no config given)")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=(0.68, 0.32), vertical_spacing=0.1,
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=(0.66, 0.34), vertical_spacing=0.12,
                         subplot_titles=(f"median latency per variant; bars: {data.error_bars}", regret_title))
     for s in data.series:
         pts = s.points
@@ -299,12 +306,14 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
                      "array": (pts["err_high_us"] - pts["latency_us"]).to_list(),
                      "arrayminus": (pts["latency_us"] - pts["err_low_us"]).to_list()},
             hovertemplate="%{x} tokens: %{y:.1f} us<extra>" + s.label + "</extra>"), row=1, col=1)
-    curve = data.regret
-    fig.add_trace(go.Scatter(
-        x=curve["num_tokens"].to_list(), y=curve["latency_us"].to_list(), meta=CONFIG_META,
-        name=f"config: {data.config_name}" if data.config_name else "config", mode="lines",
-        line={"color": "black", "width": 3}, customdata=curve["variant_run"].to_list(),
-        hovertemplate="%{x} tokens: %{y:.1f} us (runs %{customdata})<extra>config</extra>"), row=1, col=1)
+    # One config curve per provenance group: joined into one line, a replay of two machines zigzagged between them.
+    groups = data.regret.group_by("group", maintain_order=True) if data.regret.height else [(("",), data.regret)]
+    for (group,), curve in groups:
+        fig.add_trace(go.Scatter(
+            x=curve["num_tokens"].to_list(), y=curve["latency_us"].to_list(), meta=CONFIG_META,
+            name=(f"config: {data.config_name}" if data.config_name else "config") + group, mode="lines",
+            line={"color": "black", "width": 3}, customdata=curve["variant_run"].to_list(),
+            hovertemplate="%{x} tokens: %{y:.1f} us (runs %{customdata})<extra>config</extra>"), row=1, col=1)
     for (group, source), part in data.regret.group_by(["group", "source"], maintain_order=True):
         name = f"regret{group}"
         fig.add_trace(go.Scatter(
@@ -324,10 +333,10 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
     # The measured token counts label the shared log axis (plotly's own log ticks read "2 3 4 ... 10 2 3").
     counts = sorted({int(n) for s in data.series for n in s.points["num_tokens"].to_list()})
     ticks = {"tickvals": counts, "ticktext": [str(n) for n in counts]} if counts else {}
-    fig.update_xaxes(type="log", title_text="tokens per forward (log scale; ticks at the measured counts)",
-                     row=2, col=1, **ticks)
-    fig.update_xaxes(type="log", row=1, col=1, **ticks)
-    fig.update_yaxes(type="log", title_text="latency, us (log)", row=1, col=1)
+    fig.update_xaxes(title_text="tokens per forward (log scale; ticks at the measured counts)",
+                     row=2, col=1, **LOG_AXIS, **ticks)
+    fig.update_xaxes(row=1, col=1, **LOG_AXIS, **ticks)
+    fig.update_yaxes(title_text="latency, us (log)", row=1, col=1, **LOG_AXIS)
     # A percentage axis from 0: at least 0-5% so that "no regret anywhere" reads as a line on 0%, not as noise.
     worst = float(data.regret["regret_rel"].max() or 0.0) * 100 if data.regret.height else 0.0
     fig.update_yaxes(title_text="regret", ticksuffix="%", range=[0, max(5.0, 1.15 * worst)], row=2, col=1)
@@ -335,12 +344,53 @@ def build_latency_figure(data: LatencyData, *, title: str | None = None) -> go.F
         fig.add_annotation(text="0% regret at every measured token count: the config runs the fastest variant",
                            xref="x2 domain", yref="y2 domain", x=0.5, y=0.6, showarrow=False, font={"size": 11})
     # No fixed width: the figure fills the notebook's output area or the report's page instead of being cut.
-    fig.update_layout(title=f"{title or 'Forward latency vs tokens'}<br><sup>{data.provenance}</sup>", height=770,
-                      autosize=True,
-                      legend={"groupclick": "toggleitem", "orientation": "h", "yanchor": "bottom", "y": 1.06,
-                              "x": 0, "font": {"size": 11}},
-                      margin={"l": 70, "r": 30, "t": 160, "b": 60})
+    # The legend sits at the bottom of the figure (``yref="container"``), where plotly.js reserves the margin it
+    # needs, however many lines it wraps onto: above the plot it grew upwards over the title (a replay's or an
+    # overlay's dozen entries). The title reserves its own room too (``automargin``), starting at the left edge.
+    text = figure_title(title or "Forward latency vs tokens", data.provenance)
+    legend_rows = _legend_rows([t.name for t in fig.data if t.name])
+    fig.update_layout(title={"text": text, "yref": "container", "y": 1, "yanchor": "top", "x": 0.01,
+                             "xanchor": "left", "pad": {"t": 30}},
+                      height=640 + 20 * legend_rows, autosize=True,
+                      legend={"groupclick": "toggleitem", "orientation": "h", "yref": "container", "yanchor": "bottom",
+                              "y": 0, "xanchor": "left", "x": 0, "font": {"size": 11}},
+                      # Room for every line of the title (about 22 px each) above the top panel's own title.
+                      margin={"l": 70, "r": 30, "t": 40 + 22 * text.count("<br>") + 22, "b": 50})
     return fig
+
+
+def _legend_rows(names: Sequence[str], width_px: int = 820) -> int:
+    """About how many rows a horizontal legend of ``names`` takes in a notebook's output area: entries packed left
+    to right, each about 6.5 px a character plus its line sample. The figure grows by them (20 px a row) instead
+    of the plot shrinking."""
+    rows, used = 1, 0.0
+    for name in names:
+        entry = 6.5 * len(name) + 50
+        if used and used + entry > width_px:
+            rows, used = rows + 1, 0.0
+        used += entry
+    return rows
+
+
+def wrap_title(text: str, width: int = TITLE_CHARS) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at its `` · `` separators (a longer part between
+    its words): plotly does not wrap a title, and a long one is cut at both ends of a notebook's output area."""
+    tokens: list[tuple[str, str]] = []  # (what joins it to the token before, the token)
+    for i, part in enumerate(text.split(" · ")):
+        words = part.split(" ") if len(part) > width else [part]
+        tokens += [(" · " if i and j == 0 else " ", word) for j, word in enumerate(words)]
+    lines: list[str] = []
+    for joiner, token in tokens:
+        if lines and len(lines[-1]) + len(joiner) + len(token) <= width:
+            lines[-1] += joiner + token
+        else:
+            lines.append(token)
+    return lines or [""]
+
+
+def figure_title(title: str, provenance: str) -> str:
+    """A figure's title with the rows' provenance under it, each line within :data:`TITLE_CHARS`."""
+    return "<br>".join([*wrap_title(title), *(f"<sup>{line}</sup>" for line in wrap_title(provenance))])
 
 
 def plot_latency(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | None = None,
@@ -360,13 +410,16 @@ def plot_latency(rows: pl.DataFrame | Sequence[Mapping], *, config: LabConfig | 
 
 __all__ = [
     "CONFIG_META",
+    "LOG_AXIS",
     "REGRET_COLUMNS",
     "SWEEP_COLUMNS",
     "LatencyData",
     "LatencySeries",
     "Threshold",
     "build_latency_figure",
+    "figure_title",
     "latency_data",
     "plot_latency",
     "provenance_line",
+    "wrap_title",
 ]
