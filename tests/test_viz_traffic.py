@@ -43,3 +43,21 @@ def test_latency_plot_has_ttft_and_tpot_per_policy_and_refuses_a_step_list():
     assert len(plot_latencies(v).data) == 6
     with pytest.raises(ValueError, match="no TTFT or TPOT"):
         plot_latencies(evaluate(curves, [1, 2]))
+
+
+def test_the_html_report_prices_chat_traffic_on_its_own_rows(tmp_path):
+    import polars as pl
+    from test_cli import curve_rows
+
+    from sp_lab.viz.sweep_report import write_report
+
+    rows = pl.DataFrame(curve_rows())  # toy, tp 2, measured at 1..256 tokens; fusion pays from 64
+    page = write_report(rows, tmp_path / "report.html", store=str(tmp_path), predicted=False).read_text()
+    section = page.split("<h2>On serving traffic</h2>")[1]
+    assert "<b>[measured]</b> sp+async_tp from 64:" in section
+    assert "a budget of 256 tokens" in section and "Where the traffic" in section
+    late = pl.DataFrame([r for r in curve_rows() if r["num_tokens"] > 1])
+    page = write_report(late, tmp_path / "late.html", store=str(tmp_path), predicted=False).read_text()
+    assert "Not priced on serving traffic: the rows start at 4 tokens" in page
+    quiet = write_report(rows, tmp_path / "q.html", store=str(tmp_path), predicted=False, traffic=False).read_text()
+    assert "On serving traffic" not in quiet

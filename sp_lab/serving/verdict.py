@@ -8,7 +8,7 @@ its own schedule of the same traffic (step times feed back into batching). Above
 latencies (a step at a row's count weighs that row, a step between two rows weighs both by the interpolation);
 with the rows independent and each schedule held fixed, ``var(log ratio) = sum over rows of (d log T_base /
 d row - d log T_policy / d row)^2 * se(row)^2``, where ``se`` is the standard error of a row's median from its own
-95% interval. A row both policies use counts once, with both weights, so a shared baseline row cancels. Predicted
+95% interval (:func:`sp_lab.tuning.regret.medians`: from the p10-p90 spread and repeats for rows without one). A row both policies use counts once, with both weights, so a shared baseline row cancels. Predicted
 rows carry no interval: the report says so instead of inventing one.
 
 **Meaningful**: a speedup counts as a benefit (or a loss) only outside 0.97-1.03x (the noise band of the serving
@@ -384,8 +384,9 @@ def evaluate(curves: LatencyCurves, traffic: Traffic | Sequence[int], *,
             interval=None if p is policies[0] else speedup_interval(curves, (policies[0], base_sched), (p, s)),
             interpolated_share=_interpolated_share(curves, p, s)))
     has_se = any(float(c.se_us.max(initial=0.0)) > 0 for c in curves.curves.values())
-    method = ("delta method on log(speedup) from each row's standard error (its 95% interval / 3.92), rows independent,"
-              " each policy's schedule held fixed" if has_se else
+    method = ("delta method on log(speedup) from each row's standard error (its 95% interval / 3.92, or for rows "
+              "without one its p10-p90 spread and repeats), rows independent, each policy's schedule held fixed"
+              if has_se else
               f"none: {curves.source} rows carry no interval (the model's inputs are uncertain, see docs/predictions.md)")
     histogram = step_histogram(base_sched)
     judged_name = ServingPolicy.from_threshold(per_count).name

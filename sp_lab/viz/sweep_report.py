@@ -151,6 +151,7 @@ def write_report(
     overwrite: bool = False,
     predicted: bool = True,
     setup: Setup | Mapping[str, object] | None = None,
+    traffic: bool = True,
 ) -> Path:
     """Write the report of one setup of ``rows`` (read from ``store``) to ``out``; returns the path.
 
@@ -160,6 +161,9 @@ def write_report(
 
     ``predicted``: add the "what this would be on 8x H200" section (the performance model's curves for the
     swept preset, or Llama-3-70B for a non-preset model), labelled predicted and kept apart from the rows.
+
+    ``traffic``: add the "on serving traffic" section: chat-like traffic scheduled and priced from these rows
+    (:func:`sp_lab.viz.traffic.traffic_section_html`), or the reason it cannot be.
 
     The regret panel draws ``recommendation.config`` (or ``config``). An existing report made from
     another store is kept unless ``overwrite``: :class:`ReportOverwriteError` names both stores.
@@ -227,6 +231,10 @@ def write_report(
         from sp_lab.viz.predicted import predicted_section_html
 
         parts.append(predicted_section_html(str(rows["model"][0])))
+    if traffic:
+        from sp_lab.viz.traffic import traffic_section_html
+
+        parts.append(traffic_section_html(rows))
     parts += ["<h2>What ran</h2>", html_table(ran),
               "<h2>Provenance</h2>", html_table(provenance)]
     out.parent.mkdir(parents=True, exist_ok=True)
