@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=Path, default=None, help="a recorded list of per-step token counts instead")
     # its own dest: the dispatcher fills a missing ``store`` with the default one, and here no --store means
     # predicted rows
-    p.add_argument("--store", dest="measured_store", type=Path, default=None, help="measured rows from this sweep store (else predicted "
+    p.add_argument("--store", dest="measured_store", metavar="DIR", type=Path, default=None, help="measured rows from this sweep store (else predicted "
                    f"rows); {STORE_HELP}")
     p.add_argument("--device", default=None, help="with --store: the device_name of the rows to use")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, help="token budget per step "
