@@ -158,6 +158,36 @@ def test_widget_slider_moves_the_config_curve_to_what_the_config_runs(rows, tmp_
     assert {t.name for t in latency} == {"baseline", "sp+async_tp"}
 
 
+def test_before_a_sweep_the_slider_says_what_the_legend_says(tmp_path):
+    """No rows yet, the threshold is the config's default (128) and no token count of the sweep: the slider shows
+    128, as the config's legend entry does (it read "never" beside "from 128")."""
+    tuner = tune("toy", tp=2, token_counts=[3, 16, 64], store_dir=None, export_dir=tmp_path)
+    assert tuner.state.threshold == 128 and tuner.slider.value == "128"
+    assert "from 128" in _gated_trace(tuner).name
+    tuner.slider.value = "16"
+    assert "from 16" in _gated_trace(tuner).name and tuner.state.threshold == 16
+
+
+def test_buttons_keep_their_text_and_rows_wrap_at_any_width(tmp_path):
+    """Layout, not pixels: a button is as wide as its text and never shrinks ("Use recommend..."), and each row of
+    controls wraps when the notebook is narrower than it."""
+    import ipywidgets as w
+
+    tuner = tune("toy", tp=2, token_counts=[3, 16, 64], store_dir=None, export_dir=tmp_path)
+
+    def walk(widget):
+        yield widget
+        for child in getattr(widget, "children", ()):
+            yield from walk(child)
+
+    every = list(walk(tuner.widget))
+    buttons = [b for b in every if isinstance(b, w.Button)]
+    assert {b.description for b in buttons} >= {"Run sweep", "Use recommended", "Export config"}
+    assert all(b.layout.flex == "0 0 auto" and b.layout.width == "auto" for b in buttons)
+    rows = [b for b in every if isinstance(b, w.HBox)]
+    assert rows and all(r.layout.flex_flow == "row wrap" for r in rows)
+
+
 def test_never_is_one_explicit_value_in_widget_file_and_provenance(tmp_path):
     slow = pl.DataFrame([_row(v, t) for v in LATENCY for t in TOKENS[:3]])  # fusion never wins below 512
     tuner = tune("toy", tp=2, token_counts=TOKENS[:3], store_dir=None, export_dir=tmp_path, replay=slow)
@@ -433,6 +463,10 @@ def test_mistakes_knowable_before_the_ranks_start_are_refused_in_the_calling_cel
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SweepArgumentError, match="store_dir=.*a_file.* is a file"):
         tune("toy", tp=2, store_dir=str(tmp_path / "a_file"), export_dir=tmp_path)
+    with pytest.raises(ValueError, match="export_dir=.*a_file.* is a file"):
+        tune("toy", tp=2, store_dir=None, export_dir=tmp_path / "a_file")
+    with pytest.raises(ValueError, match=r"threshold=-8: give a token count >= 1"):
+        tune("toy", tp=2, threshold=-8, **args)
     assert tune("toy", tp=2, backend="gloo", timeout=60.0, **args).state.sweep_kwargs["backend"] == "gloo"
 
     # tp changed in the widget: refused when the sweep is asked for, and the status line says why

@@ -444,19 +444,24 @@ class Tuner:
         self.tokens = w.Text(value=",".join(map(str, state.token_counts)), description="tokens")
         self.variants = w.SelectMultiple(options=list(REFERENCE_VARIANTS) + [TUNED], value=tuple(state.variants),
                                          description="variants", rows=4)
-        self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play", layout=w.Layout(width="auto"))
+        # A button is as wide as its text and never shrinks below it (a row too narrow for its widgets squeezed "Use
+        # recommended" to "Use recommend..."); rows wrap instead, at any notebook width.
+        button = {"width": "auto", "flex": "0 0 auto"}
+        wrap = {"flex_flow": "row wrap", "align_items": "center"}
+        self.run_button = w.Button(description="Run sweep", button_style="primary", icon="play", layout=w.Layout(**button))
         # What it shows: the performance model's rows, not a recording (replay(path) replays recorded rows).
         self.demo_button = w.Button(description="Predicted demo (H200)", icon="calculator",
                                     tooltip="the performance model's predicted rows for the model and tp above on "
-                                            "H200s: not measured", layout=w.Layout(width="auto"))
+                                            "H200s: not measured", layout=w.Layout(**button))
         self.progress = w.IntProgress(value=0, min=0, max=max(state.total, 1), description="0 / 0")
         self.shape = w.Dropdown(options=list(SHAPES), value=self._shape_label(), description="policy")
         self.slider = w.SelectionSlider(options=self._slider_options(), value=self._slider_value(),
                                         description="async_tp_min_tokens", continuous_update=False,
-                                        style={"description_width": "initial"}, layout=w.Layout(width="520px"))
-        self.recommend_button = w.Button(description="Use recommended", icon="star", layout=w.Layout(width="auto"))
+                                        style={"description_width": "initial"},
+                                        layout=w.Layout(width="auto", flex="1 1 420px", min_width="320px"))
+        self.recommend_button = w.Button(description="Use recommended", icon="star", layout=w.Layout(**button))
         self.export_dir = w.Text(value=str(export_dir), description="export to")
-        self.export_button = w.Button(description="Export config", icon="download", layout=w.Layout(width="auto"))
+        self.export_button = w.Button(description="Export config", icon="download", layout=w.Layout(**button))
         self.status = w.HTML()
         self.regret_html = w.HTML()
         self.plot = LiveFigure()
@@ -467,9 +472,9 @@ class Tuner:
         self.slider.observe(lambda change: self.set_threshold(change["new"]), names="value")
         self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
-                        w.VBox([self.run_button, self.demo_button, self.progress])])
-        tuning = w.HBox([self.shape, self.slider, self.recommend_button])
-        export = w.HBox([self.export_dir, self.export_button])
+                        w.VBox([self.run_button, self.demo_button, self.progress])], layout=w.Layout(**wrap))
+        tuning = w.HBox([self.shape, self.slider, self.recommend_button], layout=w.Layout(**wrap))
+        export = w.HBox([self.export_dir, self.export_button], layout=w.Layout(**wrap))
         self.widget = w.VBox([setup, self.plot, tuning, self.regret_html, export, self.status])
         self.redraw()
 
@@ -490,7 +495,10 @@ class Tuner:
     def _slider_options(self) -> list[str]:
         rows = self.state.snapshot()
         measured = set(rows["num_tokens"].to_list()) if rows.height else set()
-        return [str(t) for t in sorted(measured | set(self.state.token_counts))] + [NEVER]
+        # The threshold in force is an option, so the slider says what the config's legend entry says: before a
+        # sweep the default (128) need not be a token count of the sweep, and the slider read "never".
+        chosen = {self.state.threshold} if self.state.threshold is not None else set()
+        return [str(t) for t in sorted(measured | set(self.state.token_counts) | chosen)] + [NEVER]
 
     def _slider_value(self) -> str:
         options = self._slider_options()
@@ -761,6 +769,12 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
         state.check_sweep()
     else:  # replay only: the model must still exist ("did you mean", a checkpoint path not found)
         resolve_config(model, num_layers=num_layers)
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1):
+        raise ValueError(f"threshold={threshold!r}: give a token count >= 1 (the first that runs the variant above "
+                         "it), or None for the config's async_tp_min_tokens")
+    if Path(export_dir).exists() and not Path(export_dir).is_dir():
+        raise ValueError(f"export_dir={str(export_dir)!r} is a file ({Path(export_dir).resolve()}); give a directory "
+                         "(created on the first export)")
     if setup is not None:
         from sp_lab.bench.setups import check_query
 
