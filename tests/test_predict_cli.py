@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["predict", "--gpu", "h300"], ("unknown GPU 'h300'; allowed: a100_sxm, b200_sxm, h100-hbm2e, h100-pcie, "
-     "h100_sxm, h200_sxm, h800, l40s, rtx_pro_6000_server, b200 (= b200_sxm)")),
+    (["predict", "--gpu", "h300"], ("unknown GPU 'h300'; allowed: a100_sxm, b200_sxm, b300_sxm, gb200, gb300, "
+     "h100-hbm2e, h100_pcie, h100_sxm, h200_sxm, h800, l40s, rtx_pro_6000_server, b200 (= b200_sxm)")),
     (["predict", "--model", "llama-9"], "unknown model 'llama-9' for a prediction; allowed: llama-2-7b, llama-3-70b"),
     (["predict", "--dtype", "int3"], "unsupported dtype 'int3'"),
     (["predict", "--tp", "3"], "tp=3 does not divide"),

@@ -33,9 +33,9 @@ def test_hardware_data_names_sources_and_refuses_unknown_gpus():
         g = H.gpu(name)
         assert g.sources and g.interconnect.sources and g.hbm_gbps > 0
     assert H.gpu("H200").interconnect.name == "nvlink4" and H.gpu("b200").interconnect.name == "nvlink5"
-    with pytest.raises(ValueError, match=r"unknown GPU 'h300'; allowed: a100_sxm, b200_sxm, h100-hbm2e, h100-pcie, "
-                       r"h100_sxm, h200_sxm, h800, l40s, rtx_pro_6000_server, b200 \(= b200_sxm\), "
-                       r"h100 \(= h100_sxm\), h200 \(= h200_sxm\)"):
+    with pytest.raises(ValueError, match=r"unknown GPU 'h300'; allowed: a100_sxm, b200_sxm, b300_sxm, gb200, gb300, "
+                       r"h100-hbm2e, h100_pcie, h100_sxm, h200_sxm, h800, l40s, rtx_pro_6000_server, "
+                       r"b200 \(= b200_sxm\), h100 \(= h100_sxm\), h100-pcie \(= h100_pcie\), h200 \(= h200_sxm\)"):
         H.gpu("h300")
 
 

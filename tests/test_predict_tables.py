@@ -106,6 +106,17 @@ def test_a_gpu_without_tables_says_so():
     assert target.tables is None and "H800 SXM5 80GB has no collected tables" in target.tables_note
 
 
+@needs_tables
+def test_a_system_without_tables_or_rows_says_so():
+    # the package has a directory for h100_pcie but no table sp_lab reads: modelled, and the note says why
+    target = Target.of("h100_pcie")
+    assert target.tables is None and "has no nccl table for system 'h100_pcie'" in target.tables_note
+    # GB200's collected NCCL rows stop at 4 GPUs: tp 8 is refused naming what there is
+    with pytest.raises(ValueError, match=r"all_gather half on 8 GPUs \(the table has 2, 4 GPUs\)"):
+        step_latency_rows("llama-3-70b", 8, "gb200", "bfloat16", [16])
+    assert (step_latency_rows("llama-3-70b", 4, "gb200", "bfloat16", [16])["tables"] == "collected").all()
+
+
 def test_cross_check_arithmetic(monkeypatch):
     # AIConfigurator's side fixed at its recorded values, sp_lab's side whatever the model gives: the table's
     # total is the sum of its terms, the ratio is total / AIC, "within" is |ratio - 1| <= 10%.

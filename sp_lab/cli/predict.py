@@ -19,9 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3-70b", help="preset to predict (default llama-3-70b)")
     p.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel size (default 8)")
     p.add_argument("--gpu", default="h200_sxm",
-                   help="a system with collected tables (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, "
-                   "rtx_pro_6000_server; h100, h200, b200 are aliases) or one modelled only (h800, h100-hbm2e, "
-                   "h100-pcie); default h200_sxm")
+                   help="a system with collected tables (h100_sxm, h200_sxm, b200_sxm, b300_sxm, a100_sxm, l40s, "
+                   "rtx_pro_6000_server; gb200 and gb300 up to tp 4; h100, h200, b200 are aliases) or one modelled "
+                   "only (h100_pcie, h800, h100-hbm2e); default h200_sxm")
     p.add_argument("--nccl-version", default=None, help="collected NCCL table version (default: the newest)")
     p.add_argument("--vllm-version", default=None, help="collected vLLM table version (default: the newest)")
     p.add_argument("--modelled-only", action="store_true",

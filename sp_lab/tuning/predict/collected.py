@@ -56,8 +56,9 @@ ON_GRID, INTERPOLATED, BELOW_GRID, ABOVE_GRID = "on grid", "interpolated", "belo
 """Where a looked-up number lies relative to the collected grid."""
 
 
-class TablesUnavailable(LookupError):
-    """The package is not installed, or has no table of this kind for this system; says how to get it."""
+class TablesUnavailable(ValueError):
+    """The package is not installed, or has no table (or no rows) of this kind for this system; says what there is
+    and how to get it."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,9 @@ def _points(rows: pl.DataFrame, index: dict, cond: pl.Expr, what: str) -> tuple[
     if what not in index:
         pts = rows.filter(cond).group_by("message_size").agg(pl.col("latency").median()).sort("message_size")
         if pts.height == 0:
-            raise TablesUnavailable(f"no rows for {what}")
+            counts = ", ".join(map(str, sorted(rows["num_gpus"].unique().to_list())))
+            raise TablesUnavailable(f"no collected rows for {what} (the table has {counts} GPUs); pick a tp it "
+                                    "has, or --modelled-only")
         index[what] = (pts["message_size"].to_numpy().astype(float), pts["latency"].to_numpy().astype(float))
     return index[what]
 

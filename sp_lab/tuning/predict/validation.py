@@ -18,6 +18,7 @@ import polars as pl
 
 from sp_lab.resources import DATA_DIR
 from sp_lab.tuning.microbench import MatmulShape, _spec_dims, tp_matmul_shapes
+from sp_lab.tuning.predict.collected import TablesUnavailable
 from sp_lab.tuning.predict.crossover import predicted_crossover
 from sp_lab.tuning.predict.kernels import KernelModel, default_table
 from sp_lab.tuning.predict.layer import Target, predict_layers, predict_matmul
@@ -264,8 +265,9 @@ Ingredients, and where each comes from. **Collected** where NVIDIA's `aiconfigur
 (`pip install "sp_lab[tables]"`, part of the `dev` extra `make install` uses; an ~80 MB wheel for Linux and
 macOS, Python 3.11-3.13): tables its collector timed on real 8-GPU systems, read with polars from
 `aiconfigurator_core/systems/data/<system>/` for the systems `--gpu` names (`h100_sxm`, `h200_sxm`, `b200_sxm`,
-`a100_sxm`, `l40s`, `rtx_pro_6000_server`; `h100`, `h200`, `b200` are aliases), newest NCCL / vLLM version unless
-`--nccl-version` / `--vllm-version` names one:
+`b300_sxm`, `a100_sxm`, `l40s`, `rtx_pro_6000_server`, and `gb200` / `gb300` up to tp 4, where their NCCL rows stop;
+`h100`, `h200`, `b200` are aliases), newest NCCL / vLLM version unless `--nccl-version` / `--vllm-version` names
+one:
 
 - **Matmuls at the shard shapes** (plain and each fused kernel's tp chunk of T / tp rows): vLLM's own GEMM
   kernels (`gemm/vllm/<version>/gemm_perf.parquet`: `F.linear` bf16, CUTLASS scaled-mm FP8), interpolated in
@@ -289,7 +291,8 @@ macOS, Python 3.11-3.13): tables its collector timed on real 8-GPU systems, read
 
 What stays **modelled** everywhere (each row's `provenance` column says it per term): the fused kernels' own cost
 and the overlap inside them (below), norms, activation, attention. Without the package, or for a GPU without
-tables (`h800`, `h100-hbm2e`, `h100-pcie`), every term is modelled as follows and the prediction says so:
+tables (`h100_pcie`, whose directory in the package holds none, `h800`, `h100-hbm2e`), every term is modelled as
+follows and the prediction says so:
 
 - **Matmul and chunked-matmul times**: measured on one H200 at the shard shapes (bf16, CUDA-graph replay,
   `data/h200/matmul_single_gpu.json`, `gemm_chunking_tp8.json`). Shapes not measured come from a
@@ -393,7 +396,11 @@ def systems_markdown(model: str = "llama-3-70b", tp: int = 8, tokens: tuple[int,
              "|---|---|" + "---|" * len(tokens)]
     for system in sorted(system_aliases()):
         target = Target.of(gpu(system))
-        rows = predict_layers(model, tp, list(tokens), target, full_layer=True)
+        try:
+            rows = predict_layers(model, tp, list(tokens), target, full_layer=True)
+        except TablesUnavailable as err:  # e.g. GB200's collected NCCL rows stop at 4 GPUs
+            lines.append(f"| {system} | collected | {err} |" + " |" * (len(tokens) - 1))
+            continue
         wide = rows.pivot(on="variant", index="num_tokens", values="latency_us").sort("num_tokens")
         cells = [f"{r['baseline'] / r['sp+async_tp']:.2f}x, {r['baseline'] / r['sp']:.2f}x"
                  for r in wide.iter_rows(named=True)]
