@@ -289,7 +289,7 @@ def test_export_never_writes_sp_off_and_says_never(store, tmp_path, capsys):
     doc = json.loads(path.read_text())
     assert doc["provenance"]["async_tp_min_tokens"] == "never" and not doc["sp_lab"]["enable_sp"]
     out = capsys.readouterr().out
-    assert "SP and AsyncTP never" in out and "this runs plain TP (SP and AsyncTP off)" in out
+    assert "SP and AsyncTP never" in out and "has no SP or AsyncTP in its compile config: nothing to pass" in out
     assert "never paid per layer" in out
 
 
@@ -298,7 +298,8 @@ def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_pat
     assert cli.main([*argv, "--vllm-release", "0.18"]) == 0
     out = capsys.readouterr().out
     assert "vLLM 0.18.1 (chosen): In vLLM 0.18.1 this runs SP + AsyncTP from 64 tokens" in out
-    assert "vllm serve" in out and '"sp_min_token_num":64' in out and '"compile_ranges_endpoints":[63]' in out
+    assert "no vllm serve line: toy is sp_lab's own model" in out  # vLLM cannot load toy: the flags alone
+    assert "--max-num-batched-tokens" in out and '"sp_min_token_num":64' in out and '"compile_ranges_endpoints":[63]' in out
     assert "WARNING: tuned on gloo on CPU" in out and "next: measure on the GPUs you serve on" in out
     (fn,) = tmp_path.glob("*.min_tokens_per_rank.py")
     assert fn.name in out
@@ -312,9 +313,9 @@ def test_export_says_what_the_file_does_in_the_vllm_release_asked(store, tmp_pat
     with pytest.raises(SystemExit):  # "0" once matched every release by prefix and wrote 0.34.0
         cli.main([*argv, "--vllm-release", "0"])
     assert "'0' is not a vLLM version" in capsys.readouterr().err
-    assert cli.main([*argv, "--vllm-release", "0.19.0+cu128"]) == 0  # a build: its minor's release, said so
+    assert cli.main([*argv, "--vllm-release", "0.19.1+cu128"]) == 0  # a build: its minor's release, said so
     captured = capsys.readouterr()
-    assert "note: vLLM 0.19.0+cu128 (a pre-release, dev, post or local build) is not in the release table: read " \
+    assert "note: vLLM 0.19.1+cu128 (a pre-release, dev, post or local build) is not in the release table: read " \
            "as 0.19.1" in captured.err and "vLLM 0.19.1 (chosen)" in captured.out
     # per-matmul rows give each shape its own gate: qkv's fused form wins from 64 tokens (32 per rank) on
     matmul = tmp_path / "matmul.csv"

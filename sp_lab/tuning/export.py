@@ -7,8 +7,11 @@ One file per device / tp / model / dtype (vLLM's fused-MoE naming), holding
   what it does there and the ``--compilation-config`` object, or ``not_expressible`` with the reason and the
   regret of the closest expressible choices on the measured rows (:mod:`sp_lab.vllm_releases`);
 - ``model_sp``: per-matmul tokens-per-rank gates for model-level SP (:mod:`sp_lab.tuning.model_sp`), also written
-  beside the file as a dependency-free ``min_tokens_per_rank`` function;
-- ``torch_compile``: the Inductor settings for PyTorch's own micro-pipeline TP and what they cannot gate;
+  beside the file as a dependency-free Python file (per rank and whole batch); for vLLM 0.32 on, what that release
+  does with SP for the model (:func:`sp_lab.vllm_models.model_level_sp`) and, where it has a token gate, the edit
+  as a patch beside the file (``<file>.vllm-<release>.patch``);
+- ``torch_compile``: the settings that make Inductor's micro-pipeline TP fire and the tuned gate as a snippet,
+  also written beside the file (``<file>.torch_compile.py``; :mod:`sp_lab.tuning.torch_compile_export`);
 - ``provenance``: the policy, its regret from :func:`sp_lab.tuning.regret.regret_table` (the same table the
   tuner and the report show), the recommendation with its confidence, and :func:`data_hash` of the rows.
 
@@ -30,9 +33,11 @@ import polars as pl
 from sp_lab.config import ConfigError, load_tuned_config
 from sp_lab.jsonfile import read_json
 from sp_lab.programs import Policy, closest_policy
-from sp_lab.tuning.model_sp import model_sp_table
+from sp_lab.tuning.model_sp import ModelSpTable, model_sp_table
 from sp_lab.tuning.policy import threshold_text
 from sp_lab.tuning.regret import regret_table, summarize
+from sp_lab.tuning.torch_compile_export import torch_compile_section
+from sp_lab.vllm_models import model_level_sp, served_model
 from sp_lab.vllm_releases import (
     DEFAULT_RELEASE,
     installed_release,
@@ -46,8 +51,9 @@ if TYPE_CHECKING:
     from sp_lab.config import LabConfig
     from sp_lab.tuning.policy import Recommendation
 
-__all__ = ["ExportError", "data_hash", "describe_file", "export_config", "export_tuned_config", "provenance",
-           "threshold_text", "torch_compile_section", "tuned_config_filename", "vllm_section"]
+__all__ = ["ExportError", "data_hash", "describe_file", "export_config", "export_tuned_config", "function_path",
+           "patch_path", "provenance", "snippet_path", "threshold_text", "torch_compile_section", "tuned_config_filename",
+           "vllm_section"]
 
 
 class ExportError(ValueError):
@@ -95,24 +101,6 @@ def vllm_section(rows: pl.DataFrame, config: LabConfig, version: str) -> dict[st
         total, worst = summarize(regret_table(rows, closest_policy(config, name).to_config(config), warn=False))
         choice["regret"] = {"worst": worst, "total": total}
     return section
-
-
-def torch_compile_section(config: LabConfig) -> dict[str, Any]:
-    """For torch.compile users (torchtitan, plain PyTorch): PyTorch's own micro-pipeline TP, and sp_lab's gate."""
-    return {
-        "micro_pipeline_tp": {
-            "inductor_config": {"_micro_pipeline_tp": True},
-            "set": "torch._inductor.config._micro_pipeline_tp = True",
-            "needs": "the SP collectives in the graph (e.g. torchtitan's SequenceParallel plan) and symmetric memory "
-                     "for the TP group: torch.distributed._symmetric_memory.enable_symm_mem_for_group(group_name) "
-                     "where the installed torch still needs it (torch 2.13 marks it deprecated, no longer needed)",
-            "cannot_gate": "it fuses every matched all-gather -> matmul and matmul -> reduce-scatter at every token "
-                           "count and shape: no token threshold, no per-matmul choice",
-        },
-        "tuned_gate": "sp_lab.compile(model, sp_lab.LabConfig.from_json(PATH)): SP and AsyncTP only in the compile "
-                      f"ranges from {config.sp_start} tokens{'' if config.heuristic is None else ', the rule per matmul'}"
-                      if config.enable_sp else "sp_lab.compile(model, sp_lab.LabConfig.from_json(PATH)): plain TP",
-    }
 
 
 def tuned_config_filename(*, device_name: str, tp_size: int, model: str, dtype: str) -> str:
@@ -187,27 +175,66 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
     row = rows.row(0, named=True)
     rows_hash = data_hash(rows)
     model_sp = model_sp_table(rows, config, matmul_rows=matmul_rows, data_hash=rows_hash)
+    served = served_model(str(row["model"]))
+    vllm = vllm_section(rows, config, requested)
+    vllm["serve"] = _serve_line(vllm_export(config, requested), vllm, served.serve_as, config.tp_size)
+    level = _model_level(model_sp, release, served.architecture, str(row["dtype"]))
+    tuned_on = (f"{Policy.of(config).name}, tuned on {row['device_name']}, tp {config.tp_size}, {row['dtype']}, "
+                f"torch {row.get('torch_version')}, rows {rows_hash}")
     path = export_tuned_config(
         config,
         directory=directory,
         device_name=str(row["device_name"]),
         model_spec={"name": str(row["model"]), "hidden_size": int(row["hidden_size"]),
-                    "num_layers": int(row["num_layers"])},
+                    "num_layers": int(row["num_layers"]), "vllm_model": served.serve_as,
+                    "architecture": served.architecture},
         dtype=str(row["dtype"]),
         data_hash=rows_hash,
         extra_provenance=provenance(rows, config, recommendation=recommendation, chosen_in=chosen_in),
         vllm_release=release,
-        sections={"vllm": vllm_section(rows, config, requested), "model_sp": model_sp.to_dict(),
-                  "torch_compile": torch_compile_section(config)},
+        sections={"vllm": vllm, "model_sp": {**model_sp.to_dict(), **({"vllm": level.to_dict()} if level else {})},
+                  "torch_compile": torch_compile_section(config, provenance=tuned_on)},
     )
     function_path(path).write_text(model_sp.function_source())
+    snippet_path(path).write_text(torch_compile_section(config, provenance=tuned_on)["snippet"])
+    if level is not None and level.patch:
+        patch_path(path, level.release).write_text(level.patch)
     return path
+
+
+def _serve_line(export: Any, section: dict[str, Any], model: str | None, tp: int) -> str | None:
+    """The ``vllm serve`` line for the section (the closest choice with least regret where the policy cannot be
+    written), naming what vLLM loads; ``None`` where there is no such model (``toy``)."""
+    if model is None:
+        return None
+    closest = section.get("closest", {})
+    best = min(closest, key=lambda k: closest[k].get("regret", {}).get("total", 0.0), default=None)
+    return export.serve_line(model, tp, choice=best) or None
+
+
+def _model_level(table: ModelSpTable, release: str, architecture: str | None, dtype: str) -> Any:
+    """What vLLM ``release`` (0.32 on) does with SP for the model, with the edit for the table's gates."""
+    qkv = next((m.min_tokens_per_rank for m in table.matmuls if m.name == "qkv" and m.side == "ag"), None)
+    return model_level_sp(release, architecture, sp_min_tokens=table.sp_min_tokens,
+                          fused_ag_min_tokens_per_rank=qkv, dtype=dtype)
 
 
 def function_path(config_path: str | Path) -> Path:
     """Where :func:`export_config` writes the model-level ``min_tokens_per_rank`` function for a config file."""
     config_path = Path(config_path)
     return config_path.with_name(config_path.stem + ".min_tokens_per_rank.py")
+
+
+def snippet_path(config_path: str | Path) -> Path:
+    """Where :func:`export_config` writes the torch.compile snippet (``compile_with_async_tp``) for a config file."""
+    config_path = Path(config_path)
+    return config_path.with_name(config_path.stem + ".torch_compile.py")
+
+
+def patch_path(config_path: str | Path, release: str) -> Path:
+    """Where :func:`export_config` writes the model-level edit for vLLM ``release`` (0.32 on), where there is one."""
+    config_path = Path(config_path)
+    return config_path.with_name(f"{config_path.stem}.vllm-{release}.patch")
 
 
 def _pct(x: float | None) -> str:
@@ -237,7 +264,8 @@ def _installed_table_release() -> str | None:
 def describe_file(path: str | Path, *, model: str | None = None) -> str:
     """What a tuned-config file will do, for a person: policy, vLLM, model code, torch.compile, next step.
 
-    ``model``: the name for the ``vllm serve`` line (default: the file's model name).
+    ``model``: what the ``vllm serve`` line loads (default: the file's model as vLLM loads it: a preset's Hugging
+    Face id or the checkpoint directory; :func:`sp_lab.vllm_models.served_model`).
     """
     doc = read_json(path, what="tuned config", error=ConfigError)
     config, prov = load_tuned_config(path)
@@ -265,19 +293,41 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
         lines.append(f"    closest it can run: {name} (worst {_pct(r.get('worst'))}, total {_pct(r.get('total'))})")
     for note in vllm.get("notes", []):
         lines.append(f"    note: {note}")
-    # where the policy cannot be written, the command line is that of the closest choice with the least regret
-    best = min(closest, key=lambda k: closest[k].get("regret", {}).get("total", 0.0), default=None)
-    serve = export.serve_line(model_name, config.tp_size, choice=best)
-    if serve:
-        lines.append(f"    {serve}")
+    spec = prov.get("model") or {}
+    served = served_model(model_name)
+    serve_as = model or spec.get("vllm_model", served.serve_as)
+    if serve_as is None:
+        flags = (_serve_line(export, vllm, "MODEL", config.tp_size) or "").removeprefix("vllm serve MODEL").strip()
+        lines.append(f"    no vllm serve line: {served.note}" + (f"; its flags for a model of this shape: {flags}"
+                                                                 if flags else ""))
+    else:
+        # where the policy cannot be written, the command line is that of the closest choice with the least regret
+        serve = _serve_line(export, vllm, serve_as, config.tp_size)
+        if serve:
+            lines.append(f"    {serve}")
     model_sp = doc.get("model_sp")
     if model_sp:
-        per_rank = model_sp.get("sp_min_tokens_per_rank")
-        pays = "never paid per layer" if per_rank is None else f"SP pays per layer from {per_rank} tokens per rank"
-        lines.append(f"  model code (vLLM >= 0.32, hand-written SP): {pays}; per matmul: "
-                     f"min_tokens_per_rank(k, n, dtype, tp) in {function_path(path).name}")
-    lines.append("  torch.compile: torch._inductor.config._micro_pipeline_tp = True fuses at every size (no threshold);"
-                 " sp_lab.compile(model, sp_lab.LabConfig.from_json(path)) applies this gate")
+        per_rank, whole = model_sp.get("sp_min_tokens_per_rank"), model_sp.get("sp_min_tokens")
+        pays = "SP never paid per layer" if per_rank is None else (
+            f"SP pays per layer from {per_rank} tokens per rank ({whole} of the whole batch)")
+        lines.append(f"  model code (hand-written SP): {pays}; per matmul: min_tokens_per_rank(k, n, dtype, tp) and "
+                     f"min_tokens(...) (whole batch) in {function_path(path).name}")
+        level = model_sp.get("vllm")
+        if level:
+            lines.append(f"    vLLM {level['release']}: {level['statement']}")
+            if level.get("patch"):
+                lines.append(f"    the edit: {patch_path(path, level['release']).name} (in site-packages: patch -p1 < "
+                             "it; read from " + level["wheel"] + ")")
+    compiled = doc.get("torch_compile") or {}
+    if "snippet" not in compiled:  # a file written before the snippet
+        how = "sp_lab.compile(model, sp_lab.LabConfig.from_json(path)) applies this gate"
+    elif compiled.get("async_tp_min_tokens") is None:
+        how = f"the policy never fuses: {snippet_path(path).name} compiles without it"
+    else:
+        how = (f"{snippet_path(path).name} fuses from {compiled['async_tp_min_tokens']} tokens of the whole batch "
+               "(two compiled programs, picked per call)")
+    lines.append("  torch.compile: micro-pipeline TP needs torch._inductor.config._micro_pipeline_tp = True and "
+                 f"enable_symm_mem_for_group(group_name) on the TP group, and has no token gate of its own; {how}")
     if warning:
         lines.append("  next: measure on the GPUs you serve on: torchrun --nproc-per-node "
                      f"{config.tp_size} -m sp_lab run --model {model_name} --tp {config.tp_size} --dtype bfloat16")

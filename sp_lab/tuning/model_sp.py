@@ -18,14 +18,23 @@ author's own layers. Per matmul shape ``(K, N, dtype)`` at the tp measured:
   fuses (SP off, or SP without AsyncTP);
 - ``sp_min_tokens_per_rank``: from which SP pays per layer (the tuned config's SP threshold per rank).
 
-:meth:`ModelSpTable.function_source` writes it as a dependency-free Python function
-``min_tokens_per_rank(k, n, dtype, tp)`` to paste into model code, with the provenance in its docstring;
-:attr:`ModelSpTable.regret` says what using it costs on the rows it came from.
+:meth:`ModelSpTable.function_source` writes it as a dependency-free Python file to paste into model code:
+``min_tokens_per_rank(k, n, dtype, tp)`` (shard rows, sp_lab's unit) and ``min_tokens(k, n, dtype, tp)`` (the whole
+batch, the unit of vLLM's ``is_sequence_parallel_active(is_enabled, num_tokens, min_tokens)``, where ``num_tokens`` is
+``positions.shape[0]``), ``SP_MIN_TOKENS_PER_RANK`` and ``SP_MIN_TOKENS`` likewise, with the provenance in the
+docstring; :attr:`ModelSpTable.regret` says what using it costs on the rows it came from. ``k`` and ``n`` are the
+matmul as one rank runs it: the in-features of the rank's weight shard and its out-features (``w.shape[1],
+w.shape[0]`` of an ``nn.Linear`` weight on that rank); ``dtype`` is any spelling of the operands' type
+(:func:`operand_dtype`: ``torch.float8_e4m3fn``, ``"fp8-rowwise"``, ``torch.bfloat16``, ``"bf16"``, ...).
+
+Units: a gate of ``g`` shard rows is ``g * tp`` tokens of the whole batch (:func:`whole_batch`). Where tp does not
+divide a tuned count, the whole-batch gate is the next multiple of tp: the shard rows are the same in between.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -39,11 +48,35 @@ from sp_lab.tuning.regret import regret_table, summarize
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
 
-__all__ = ["MatmulThreshold", "ModelSpTable", "crossover_per_rank", "lasting_crossover", "model_sp_table"]
+__all__ = ["MatmulThreshold", "ModelSpTable", "crossover_per_rank", "lasting_crossover", "model_sp_table",
+           "operand_dtype", "whole_batch"]
 
 PER_MATMUL = "per-matmul rows"
 RULE = "per-matmul rule"
 LAYER_SWEEP = "layer sweep"
+
+
+def operand_dtype(dtype):
+    """The operands' element type under one name: ``"float8"`` (every FP8 spelling: ``torch.float8_e4m3fn``,
+    ``float8_e5m2``, ``"fp8"``, ``"fp8-rowwise"``, ``"fp8-tensorwise"``; the scaling is not part of a tensor's
+    dtype), ``"bfloat16"`` (``bf16``), ``"float16"`` (``fp16``, ``half``) or ``"float32"`` (``fp32``, ``float``).
+    Anything else is a ``ValueError`` naming the value. Dependency-free: the exported file carries it as is."""
+    key = str(dtype).lower().removeprefix("torch.")
+    if key.startswith(("float8", "fp8")):
+        return "float8"
+    names = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+             "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+    if key not in names:
+        raise ValueError(f"dtype {dtype!r}: not a matmul operand type of this table; use a torch dtype or one of "
+                         f"{sorted(names)}, fp8, fp8-rowwise, float8_e4m3fn")
+    return names[key]
+
+
+def whole_batch(per_rank, tp):
+    """Shard rows per rank -> tokens of the whole batch (vLLM's ``num_tokens``, ``positions.shape[0]``): each rank
+    holds ``ceil(num_tokens / tp)`` rows, so ``per_rank`` rows start at ``per_rank * tp`` tokens (the measured point;
+    ``None`` stays ``None``). Dependency-free: the exported file carries it as is."""
+    return None if per_rank is None else per_rank * tp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +111,17 @@ class ModelSpTable:
     ``total``); ``per_matmul``: the relative regret of the gates on the per-matmul rows against the faster choice
     per row (``None`` without such rows)."""
 
+    @property
+    def sp_min_tokens(self) -> int | None:
+        """:attr:`sp_min_tokens_per_rank` in tokens of the whole batch (:func:`whole_batch`): vLLM's unit."""
+        return whole_batch(self.sp_min_tokens_per_rank, self.provenance.get("tp") or 1)
+
     def _by_key(self) -> dict[tuple[int, int, str, int], tuple[int | None, str]]:
-        """One gate per ``(k, n, dtype, tp)``: matmuls of one shape on both sides (qkv and down of a square
+        """One gate per ``(k, n, operand dtype, tp)``: matmuls of one shape on both sides (qkv and down of a square
         layer) fuse only where both paid, so the larger gate (``None``: never) wins."""
         out: dict[tuple[int, int, str, int], tuple[int | None, str]] = {}
         for m in self.matmuls:
-            key, name = (m.k, m.n, m.dtype, m.tp), f"{m.name} ({m.side}), {m.basis}"
+            key, name = (m.k, m.n, operand_dtype(m.dtype), m.tp), f"{m.name} ({m.side}), {m.basis}"
             if key in out:
                 gate, names = out[key]
                 both = None if gate is None or m.min_tokens_per_rank is None else max(gate, m.min_tokens_per_rank)
@@ -92,38 +130,61 @@ class ModelSpTable:
                 out[key] = (m.min_tokens_per_rank, name)
         return out
 
-    def lookup(self, k: int, n: int, dtype: str, tp: int) -> int | None:
-        """The table's answer for one shape (what the generated function returns)."""
-        return self._by_key().get((k, n, dtype, tp), (None, ""))[0]
+    def lookup(self, k: int, n: int, dtype: Any, tp: int) -> int | None:
+        """The table's answer for one shape in shard rows (what the generated ``min_tokens_per_rank`` returns)."""
+        return self._by_key().get((k, n, operand_dtype(dtype), tp), (None, ""))[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {"matmuls": [dataclasses.asdict(m) for m in self.matmuls],
-                "sp_min_tokens_per_rank": self.sp_min_tokens_per_rank,
+                "sp_min_tokens_per_rank": self.sp_min_tokens_per_rank, "sp_min_tokens": self.sp_min_tokens,
                 "regret": self.regret, "provenance": self.provenance}
 
     def function_source(self) -> str:
-        """``min_tokens_per_rank(k, n, dtype, tp)`` as Python source with no imports, to paste into model code."""
+        """The model-level gates as a Python file with no imports, to paste into model code (module docstring)."""
         p = self.provenance
-        entries = "\n".join(f"        {key!r}: {gate!r},  # {names}" for key, (gate, names) in self._by_key().items())
+        entries = "\n".join(f"    {key!r}: {gate!r},  # {names}" for key, (gate, names) in self._by_key().items())
         per_matmul = self.regret.get("per_matmul")
         cost = "" if per_matmul is None else f" Regret on the per-matmul rows: {100 * per_matmul:.2f}%."
         layer = self.regret.get("layer") or {}
-        return f'''def min_tokens_per_rank(k, n, dtype, tp):
-    """Tokens per rank (shard rows) from which fusing this matmul with its all-gather / reduce-scatter pays.
+        helpers = "\n\n".join(inspect.getsource(f) for f in (operand_dtype, whole_batch))
+        return f'''"""Model-level SP gates tuned by sp_lab: from how many tokens fusing a matmul with its collective pays.
 
-    None: it never paid where measured, or the shape was not measured (keep the collective and the matmul
-    apart). From sp_lab's {p.get("source")} rows on {p.get("device")} (torch {p.get("torch")}, model
-    {p.get("model")}, tp {p.get("tp")}, rows {p.get("data_hash")}). SP itself paid per layer from
-    SP_MIN_TOKENS_PER_RANK tokens per rank (worst regret {100 * layer.get("worst", 0.0):.1f}%, total
-    {100 * layer.get("total", 0.0):.1f}% on the sweep rows).{cost}
-    """
-    table = {{
-{entries}
-    }}
-    return table.get((k, n, str(dtype).replace("torch.", ""), tp))
+From sp_lab's {p.get("source")} rows on {p.get("device")} (torch {p.get("torch")}, model {p.get("model")}, tp
+{p.get("tp")}, {p.get("dtype")}, rows {p.get("data_hash")}). SP itself paid per layer from SP_MIN_TOKENS tokens of
+the whole batch (SP_MIN_TOKENS_PER_RANK per rank; worst regret {100 * layer.get("worst", 0.0):.1f}%, total
+{100 * layer.get("total", 0.0):.1f}% on the sweep rows).{cost}
 
+Two units: per rank (shard rows, ceil(num_tokens / tp), what a fused kernel sees: x.shape[0] of the shard) and
+whole batch (num_tokens, positions.shape[0]: what vLLM's is_sequence_parallel_active(is_enabled, num_tokens,
+min_tokens) compares). min_tokens_per_rank and SP_MIN_TOKENS_PER_RANK are per rank; min_tokens and SP_MIN_TOKENS are
+the whole batch (per rank * tp).
+
+k, n: the matmul as one rank runs it: k the in-features of the rank's weight shard, n its out-features, i.e.
+w.shape[1], w.shape[0] of the nn.Linear weight on that rank (qkv and gate_up: n is the per-rank share of the
+column-parallel output; o_proj and down: k is the per-rank share of the row-parallel input). The unsharded
+out-features are not in the table: None. dtype: the operands' type in any spelling (torch.bfloat16, "bf16",
+torch.float8_e4m3fn, "fp8-rowwise", ...). None: it never paid where measured, or the shape, dtype or tp was not
+measured (keep the collective and the matmul apart).
+"""
 
 SP_MIN_TOKENS_PER_RANK = {self.sp_min_tokens_per_rank!r}
+SP_MIN_TOKENS = {self.sp_min_tokens!r}
+
+_GATES_PER_RANK = {{  # (k, n, operand dtype, tp): shard rows from which the fused form pays (None: never)
+{entries}
+}}
+
+
+{helpers}
+
+def min_tokens_per_rank(k, n, dtype, tp):
+    """Shard rows (tokens per rank) from which fusing this matmul with its all-gather / reduce-scatter pays."""
+    return _GATES_PER_RANK.get((k, n, operand_dtype(dtype), tp))
+
+
+def min_tokens(k, n, dtype, tp):
+    """The same gate in tokens of the whole batch (num_tokens = positions.shape[0]), vLLM's min_tokens unit."""
+    return whole_batch(min_tokens_per_rank(k, n, dtype, tp), tp)
 '''
 
 
