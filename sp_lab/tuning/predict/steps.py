@@ -47,7 +47,8 @@ def step_latency_rows(model: str, tp: int, gpu: str, dtype: str, token_counts: I
     Returns:
         :data:`STEP_COLUMNS`: ``latency_us`` is the nominal prediction; ``latency_low_us`` / ``latency_high_us``
         the smallest and largest over the modelled inputs moved one step each
-        (:func:`~sp_lab.tuning.predict.crossover.perturbed_targets`); ``tables`` is ``"collected"`` or
+        (:func:`~sp_lab.tuning.predict.crossover.perturbed_targets`; collected terms carry no spread, so on a
+        system with tables the baseline's and sp's bands are their nominal value); ``tables`` is ``"collected"`` or
         ``"modelled"`` and ``provenance`` says which term came from where; ``outside_grid`` names any table
         lookup extrapolated beyond its collected grid; ``source`` is always ``"predicted"``.
     """
