@@ -15,7 +15,10 @@ and its fixture reads its own results from the session's one launch (the ``gloo_
 
 The launch runs the functions of the modules that have selected tests, one after the other, with Dynamo reset
 between them. A function that raises fails only its own module's tests (with the rank's traceback); the others'
-results stand.
+results stand. Within a module, a function that runs several cases (a parametrised test's) runs each through
+:func:`run_cases`, and each test reads its own case with :func:`case_results`: a case that raises fails that case's
+test, named, with its traceback, and the module's other cases report their own results. (A case that raises on one
+rank while the other waits in a collective still stalls the launch until its timeout: the cases share the ranks.)
 
 The session starts that launch in the background at the first notebook test (:func:`start_once`) and runs the
 notebook tests beside it (``conftest.py``): their kernels and browsers leave cores idle that the ranks' compiles
@@ -33,10 +36,10 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 WORLD_SIZE = 2
 
@@ -64,6 +67,16 @@ class CheckResult(NamedTuple):
     ok: bool
     value: Any
     seconds: float
+
+
+class CaseError(NamedTuple):
+    """What a case that raised on a rank left in place of its results: the rank's traceback."""
+
+    case: str
+    traceback: str
+
+
+Case = TypeVar("Case")
 
 
 PerRank = list[dict[str, CheckResult]]
@@ -179,4 +192,33 @@ def results_of(per_rank: PerRank, module: str) -> list[Any]:
         if not got.ok:
             raise RuntimeError(f"the rank checks of {module} raised on rank {rank}:\n{got.value}")
         results.append(got.value)
+    return results
+
+
+def run_cases(cases: Iterable[Case], key: Callable[[Case], Hashable], run_case: Callable[[Case], Any]) -> dict:
+    """On a rank: ``{key(case): run_case(case)}`` for every case, in order; a case that raises is recorded as a
+    :class:`CaseError` (with the case's key and the traceback) and the next case runs."""
+    out: dict = {}
+    for case in cases:
+        name = key(case)
+        try:
+            out[name] = run_case(case)
+        except Exception:  # noqa: BLE001 - reported to that case's test, the other cases go on
+            out[name] = CaseError(str(name), traceback.format_exc())
+    return out
+
+
+def case_results(per_rank: list[dict], key: Hashable) -> list[Any]:
+    """Case ``key``'s results (from :func:`run_cases`), one per rank. Fails the calling test naming the case and
+    the rank, with the rank's traceback, if the case raised there."""
+    import pytest
+
+    results = []
+    for rank, cases in enumerate(per_rank):
+        if key not in cases:
+            raise KeyError(f"no rank-check case {key!r}; the ranks ran {sorted(map(str, cases))}")
+        got = cases[key]
+        if isinstance(got, CaseError):
+            pytest.fail(f"rank-check case {got.case} raised on rank {rank}:\n{got.traceback}", pytrace=False)
+        results.append(got)
     return results

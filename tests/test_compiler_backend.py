@@ -231,9 +231,9 @@ def _case_id(case) -> str:
 def _numerics_worker(cases) -> dict[str, Any]:
     """On each rank: every case compiled, called at its token counts and compared with the eager model."""
     rank = dist.get_rank()
-    results = {}
     shared: dict[tuple, sp_lab.SharedCaptures] = {}  # one model and one Dynamo capture per model's cases
-    for case in cases:
+
+    def run_case(case) -> dict[str, Any]:
         _, builder, overrides, inplace, boundary, mode, counts = case
         key = (builder, tuple(overrides.items()), inplace)
         if key not in shared:
@@ -248,12 +248,13 @@ def _numerics_worker(cases) -> dict[str, Any]:
             with torch.no_grad():
                 expected = model(x)
             diffs[n] = (compiled(x) - expected).abs().max().item()
-        results[_case_id(case)] = {
+        return {
             "diffs": diffs,
             "unsafe": {n: compiled.report.range_for(n).numerically_unsafe for n in counts},
             "fusion_fired": {n: compiled.report.fusion_fired(n) for n in counts},
         }
-    return results
+
+    return rank_checks.run_cases(cases, _case_id, run_case)  # a case that raises fails its own test only
 
 
 rank_checks.register(__name__, _numerics_worker, NUMERIC_CASES, timeout=600.0)
@@ -266,8 +267,7 @@ def gloo(gloo_checks) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("case", [c for c in NUMERIC_CASES if c[4] != "gather_erase"], ids=_case_id)
 def test_compiled_matches_eager(gloo, case):
-    for rank, results in enumerate(gloo):
-        got = results[_case_id(case)]
+    for rank, got in enumerate(rank_checks.case_results(gloo, _case_id(case))):
         assert all(d < 1e-4 for d in got["diffs"].values()), (rank, got["diffs"])
         assert not any(got["unsafe"].values())
         # The SP range really ran the fused path (the CPU fused ops, over gloo): not a vacuous comparison.
@@ -275,8 +275,7 @@ def test_compiled_matches_eager(gloo, case):
 
 
 def test_gather_erase_on_in_place_residual_differs_from_eager_and_is_flagged(gloo):
-    for results in gloo:
-        got = results["toy-inplace-gather_erase"]
+    for got in rank_checks.case_results(gloo, "toy-inplace-gather_erase"):
         assert got["diffs"][12] > 1e-2, got["diffs"]  # the in-place residual update was erased: stale residual
         assert got["unsafe"][12] is True
 

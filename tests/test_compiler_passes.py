@@ -44,9 +44,10 @@ def group():
 
 
 def capture(fn: Callable, transform: Callable[[fx.Graph], Any], *args: torch.Tensor,
-            dynamic: tuple[tuple[int, int], ...] = ((0, 0),)) -> dict[str, Any]:
+            dynamic: tuple[tuple[int, int], ...] = ((0, 0),), keep_mutations: bool = False) -> dict[str, Any]:
     """Run ``transform`` on the aten graph of ``fn(*args)`` and call it once. ``dynamic``: the (argument,
-    dimension) pairs marked symbolic (the tokens: dim 0 of ``args[0]``).
+    dimension) pairs marked symbolic (the tokens: dim 0 of ``args[0]``); ``keep_mutations``: an input updated in
+    place is written back by a ``copy_`` inside the graph (the epilogue sp_lab's compiles keep), not after it.
 
     Returns {"before", "after": op counts, "result": what ``transform`` returned, "out": the output}.
     The transform runs inside AOT's forward compiler, i.e. in Dynamo's fake mode with the token symbol
@@ -63,7 +64,7 @@ def capture(fn: Callable, transform: Callable[[fx.Graph], Any], *args: torch.Ten
             return make_boxed_func(aten_gm.forward)
 
         return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
-                                     decompositions=select_decomp_table())
+                                     decompositions=select_decomp_table(), keep_inference_input_mutations=keep_mutations)
 
     torch._dynamo.reset()
     for index, dim in dynamic:
@@ -330,6 +331,43 @@ def test_each_boundary_strategy_hands_the_graph_output_over_as_documented(group,
     assert seen["out"].shape == ((3, HIDDEN) if strategy == "none" else (6, HIDDEN))
 
 
+def in_place_residual(residual, h, w, n):
+    """[T, H] -> [T, H], ``residual`` updated in place as vLLM's fused add + norm does."""
+    residual.add_(funcol.all_reduce(h @ w, "sum", dist.group.WORLD))
+    return hand_written_rms_norm(residual, n)
+
+
+@pytest.mark.parametrize("strategy, action", [("gather", "gathered"), ("gather_erase", "erased"), ("none", "kept")])
+def test_the_in_place_residuals_copy_writes_back_what_its_strategy_records(group, strategy, action):
+    """The epilogue ``copy_(residual, updated)`` after SP, whose ``updated`` is a token shard: ``gather`` copies the
+    gathered rows (all of them), ``gather_erase`` drops the copy, ``none`` keeps the shard (the failure it shows)."""
+    copies: list[tuple[str, str]] = []
+
+    def transform(graph: fx.Graph):
+        result = apply_sequence_parallel(graph, tp_size=TP, rank=0, group_name=None,
+                                         policy=BoundaryPolicy(BoundaryStrategy(strategy)))
+        copies.extend((str(n.args[0].meta["val"].shape), str(n.args[1].meta["val"].shape))
+                      for n in graph.nodes if n.target is torch.ops.aten.copy_.default)
+        return result
+
+    residual = torch.randn(6, HIDDEN)
+    args = [residual, torch.randn(6, HIDDEN), torch.randn(HIDDEN, HIDDEN), torch.randn(HIDDEN)]
+    if strategy == "none":  # the shard cannot be written into all 6 rows: the failure the strategy exists to show
+        with pytest.raises(RuntimeError, match=r"size of tensor a \(6\) must match the size of tensor b \(3\)"):
+            capture(in_place_residual, transform, *args, dynamic=((0, 0), (1, 0)), keep_mutations=True)
+        assert len(copies) == 1 and copies[0][0] != copies[0][1], copies
+        return
+    before = residual.clone()
+    seen = capture(in_place_residual, transform, *args, dynamic=((0, 0), (1, 0)), keep_mutations=True)
+    assert [c.action for c in seen["result"].boundary.copies] == [action]
+    if strategy == "gather":
+        assert len(copies) == 1 and copies[0][0] == copies[0][1], copies  # the full residual's shape, not the shard's
+        assert residual.shape == (6, HIDDEN) and not torch.equal(residual, before)  # written back, every row
+    else:
+        assert copies == [] and torch.equal(residual, before)  # erased: the in-place update is lost (its defect)
+    assert seen["out"].shape == (6, HIDDEN)
+
+
 # -- numerics on 2 gloo ranks: every rank's own shard ----------------------------------------------------------
 #
 # The fake group above answers every collective with rank 0's view, so a pass that took rank 0's rows on every
@@ -349,6 +387,9 @@ NUMERIC_PASS_CASES = {
 }
 
 
+PASS_CASE_IDS = [f"{n}/{t}" for n in NUMERIC_PASS_CASES for t in ("sp", "sp+async_tp")]
+
+
 def _pass_numerics_worker() -> dict[str, dict[str, Any]]:
     """On each rank: each case's graph after SP (and after SP + AsyncTP) against the function run as written."""
     rank = dist.get_rank()
@@ -359,16 +400,18 @@ def _pass_numerics_worker() -> dict[str, dict[str, Any]]:
                                        policy=BoundaryPolicy(BoundaryStrategy.SHARDED))
 
     transforms = {"sp": sp, "sp+async_tp": lambda g: (sp(g), async_tp(g, m_low=1))[1]}
-    results = {}
-    for name, (fn, shapes, dynamic) in NUMERIC_PASS_CASES.items():
+
+    def run_case(case: str) -> dict[str, Any]:
+        name, _, label = case.partition("/")
+        fn, shapes, dynamic = NUMERIC_PASS_CASES[name]
         g = torch.Generator().manual_seed(len(name))
         args = [torch.randn(*s, generator=g) / (s[-1] ** 0.5 if len(s) == 2 and s[0] == s[1] else 1) for s in shapes]
         with torch.no_grad():
             want = fn(*args)
-        for label, transform in transforms.items():
-            seen = capture(fn, transform, *[a.clone() for a in args], dynamic=dynamic)
-            results[f"{name}/{label}"] = {"diff": (seen["out"] - want).abs().max().item(), "after": dict(seen["after"])}
-    return results
+        seen = capture(fn, transforms[label], *[a.clone() for a in args], dynamic=dynamic)
+        return {"diff": (seen["out"] - want).abs().max().item(), "after": dict(seen["after"])}
+
+    return rank_checks.run_cases(PASS_CASE_IDS, lambda case: case, run_case)  # a case that raises fails its own test
 
 
 rank_checks.register(__name__, _pass_numerics_worker, timeout=300.0)
@@ -379,10 +422,9 @@ def gloo_passes(gloo_checks) -> list[dict[str, dict[str, Any]]]:
     return rank_checks.results_of(gloo_checks, __name__)
 
 
-@pytest.mark.parametrize("case", [f"{n}/{t}" for n in NUMERIC_PASS_CASES for t in ("sp", "sp+async_tp")])
+@pytest.mark.parametrize("case", PASS_CASE_IDS)
 def test_passes_match_the_untransformed_function_on_each_ranks_shard(gloo_passes, case):
-    for rank, results in enumerate(gloo_passes):
-        got = results[case]
+    for rank, got in enumerate(rank_checks.case_results(gloo_passes, case)):
         assert got["diff"] < 1e-5, f"rank {rank}: {case} differs from the function as written by {got['diff']:.3g}"
         after = got["after"]
         assert after["all_reduce"] == 0, (rank, after)  # the rewrite ran: not a comparison of identical graphs

@@ -192,10 +192,11 @@ COUNTS = {"titan_sp": (12, 14, 13)}
 
 def _numerics_worker(cases) -> dict[str, Any]:
     reference = TinyTitan()
-    results = {}
     models = {plan: parallel_titan(plan, dist.get_world_size()) for plan in dict.fromkeys(c[0] for c in cases)}
     captures = {plan: SharedCaptures(model) for plan, model in models.items()}
-    for plan, boundary, mode in cases:
+
+    def run_case(case) -> dict[str, Any]:
+        plan, boundary, mode = case
         compiled = sp_lab.compile(models[plan], config(boundary, mode), captures=captures[plan])
         diffs = {}
         for n in COUNTS.get(plan, (12, 13)):
@@ -204,9 +205,9 @@ def _numerics_worker(cases) -> dict[str, Any]:
                     diffs[n] = (compiled(_tokens(n)) - reference(_tokens(n))).abs().max().item()
             except ValueError as e:
                 diffs[n] = str(e)
-        results[_label(plan, boundary, mode)] = {"diffs": diffs, "fused": compiled.report.fusion_fired(12),
-                                                 "counts": _counts(compiled.report, 12)}
-    return results
+        return {"diffs": diffs, "fused": compiled.report.fusion_fired(12), "counts": _counts(compiled.report, 12)}
+
+    return rank_checks.run_cases(cases, lambda c: _label(*c), run_case)  # a case that raises fails its own test
 
 
 rank_checks.register(__name__, _numerics_worker, NUMERIC_CASES, timeout=900.0)
@@ -219,8 +220,7 @@ def gloo(gloo_checks) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: _label(*c))
 def test_compiled_dtensor_model_matches_the_unsharded_model(gloo, case):
-    for rank, results in enumerate(gloo):
-        got = results[_label(*case)]
+    for rank, got in enumerate(rank_checks.case_results(gloo, _label(*case))):
         diffs = {n: d for n, d in got["diffs"].items() if not (case[0] == "titan_sp" and n % 2)}
         assert all(isinstance(d, float) and d < 1e-4 for d in diffs.values()), (rank, got["diffs"])
         assert got["fused"], (rank, got)
@@ -230,6 +230,6 @@ def test_compiled_dtensor_model_matches_the_unsharded_model(gloo, case):
 
 @pytest.mark.parametrize("case", TITAN_SP_CASES, ids=lambda c: _label(*c))
 def test_an_odd_count_is_refused_on_every_rank_instead_of_aborting_in_gloo(gloo, case):
-    for rank, results in enumerate(gloo):
-        odd = results[_label(*case)]["diffs"][13]
+    for rank, got in enumerate(rank_checks.case_results(gloo, _label(*case))):
+        odd = got["diffs"][13]
         assert isinstance(odd, str) and odd.startswith("13 tokens:") and "multiple of 2" in odd, (rank, odd)

@@ -327,7 +327,9 @@ def run_case(case: FuzzCase, *, rank: int, numerics: bool = True) -> dict[str, A
 
 
 def _run_cases_on_rank(cases: list[FuzzCase]) -> dict[int, dict[str, Any]]:
-    return {case.index: run_case(case, rank=dist.get_rank()) for case in cases}
+    """Each case by its index; one that raises is recorded as such and the next runs (rank_checks.run_cases)."""
+    rank = dist.get_rank()
+    return rank_checks.run_cases(cases, lambda case: case.index, lambda case: run_case(case, rank=rank))
 
 
 def _launch(cases: list[FuzzCase], *, timeout: float = 580.0) -> list[dict[int, dict[str, Any]]]:
@@ -445,7 +447,7 @@ def ci_results(gloo_checks) -> list[dict[int, dict[str, Any]]]:
 
 @pytest.mark.parametrize("case", CI_CASES, ids=lambda c: c.label)
 def test_compiled_matches_eager_reference(ci_results, case):
-    check_case(case, [rank_results[case.index] for rank_results in ci_results])
+    check_case(case, rank_checks.case_results(ci_results, case.index))
 
 
 def widened(case: FuzzCase, tp: int) -> FuzzCase:
@@ -513,7 +515,7 @@ LONG_CASES_PER_CHUNK = 10
 
 def _check_all(cases: list[FuzzCase], results: list[dict[int, dict[str, Any]]], what: str) -> None:
     for case in cases:
-        check_case(case, [r[case.index] for r in results])
+        check_case(case, rank_checks.case_results(results, case.index))
     print(f"\n{what}: {fuzz_figures(cases, results)}")
 
 
@@ -552,6 +554,6 @@ if __name__ == "__main__":
 
     one = fuzz.FuzzCase.from_json(sys.argv[1])
     results = fuzz._launch([one])
-    fuzz.check_case(one, [r[one.index] for r in results])
+    fuzz.check_case(one, fuzz.rank_checks.case_results(results, one.index))
     errors = {n: r["max_abs_error"] for n, r in results[0][one.index]["counts"].items()}
     print(f"{one.label}: as expected ({one.expect}); max abs error per token count: {errors}")
