@@ -178,7 +178,8 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
     served = served_model(str(row["model"]))
     vllm = vllm_section(rows, config, requested)
     vllm["serve"] = _serve_line(vllm_export(config, requested), vllm, served.serve_as, config.tp_size)
-    level = _model_level(model_sp, release, served.architecture, str(row["dtype"]))
+    # toy has no vLLM model class at all: no model-level statement to make
+    level = None if served.serve_as is None else _model_level(model_sp, release, served.architecture, str(row["dtype"]))
     tuned_on = (f"{Policy.of(config).name}, tuned on {row['device_name']}, tp {config.tp_size}, {row['dtype']}, "
                 f"torch {row.get('torch_version')}, rows {rows_hash}")
     path = export_tuned_config(
