@@ -172,3 +172,21 @@ def test_a_regret_weighted_by_traffic_counts_the_time_spent_at_each_size():
     assert traffic_regret(table, weights) == pytest.approx(0.09 * 0.5)
     with pytest.raises(ValueError, match=r"steps of \[4096\] tokens lie outside the counts 1..64"):
         count_weights(sched, [1, 64])
+
+
+def test_predicted_rows_are_the_rows_the_predict_command_prints(monkeypatch):
+    """The adapter skips the crossovers ``advice.predict`` also computes; its rows must stay that command's rows
+    (if the performance model changes how it makes them, this fails and the adapter follows). The crossovers
+    are stubbed here: they re-predict a fine grid seven times and are not what is compared."""
+    from sp_lab.serving.step_costs import predicted_rows
+    from sp_lab.tuning.predict import advice
+    from sp_lab.tuning.predict.advice import predict
+
+    monkeypatch.setattr(advice, "predicted_crossover", lambda *args, **kwargs: None)
+    predicted_rows.cache_clear()
+    ours = predicted_rows("llama-2-7b", 2, "h100", max_tokens=12)
+    theirs = predict("llama-2-7b", 2, "h100", tokens=list(range(1, 13))).rows
+    assert ours.sort("num_tokens", "variant").equals(theirs.sort("num_tokens", "variant"))
+    assert set(ours["source"]) == {"predicted"}
+    with pytest.raises(ValueError, match="tp=16: predictions model one 8-GPU board"):
+        predicted_rows("llama-3-70b", 16, "h200")

@@ -51,12 +51,20 @@ def predicted_rows(model: str, tp: int, gpu: str, dtype: str = "bfloat16", max_t
     """Predicted rows (``num_tokens, variant, latency_us``, ``source="predicted"`` and the model's provenance
     columns) for ``model`` at ``tp`` on ``gpu``, at :func:`predicted_token_grid` counts.
 
-    The one place this package calls the performance model: its public ``predict`` entry, whose rows the CLI's
-    ``predict`` command, the tuner's overlay and the report show.
+    The one place this package calls the performance model: the rows ``python -m sp_lab predict`` prints
+    (``advice.predict``'s own call: all layers, attention included, ``tuned`` by the rule the model implies),
+    without the crossovers that command also computes (they re-predict a fine grid seven times over).
     """
-    from sp_lab.tuning.predict.advice import predict
+    from sp_lab.tuning.predict.advice import check_model
+    from sp_lab.tuning.predict.hardware import BOARD_GPUS
+    from sp_lab.tuning.predict.layer import PREDICTED_RULE, Target, num_layers_of, predict_layers
 
-    return predict(model, tp, gpu, tokens=predicted_token_grid(max_tokens), dtype=dtype).rows
+    check_model(model)
+    if tp > BOARD_GPUS:
+        raise ValueError(f"tp={tp}: predictions model one {BOARD_GPUS}-GPU board; pick a tp of at most {BOARD_GPUS} "
+                         "or give measured rows (--store)")
+    return predict_layers(model, tp, predicted_token_grid(max_tokens), Target.of(gpu, dtype=dtype),
+                          num_layers=num_layers_of(model), full_layer=True, rule=PREDICTED_RULE)
 
 
 def measured_rows(store: str | Path, model: str, tp: int, *, dtype: str | None = None,
