@@ -297,3 +297,45 @@ def test_a_file_written_for_a_build_says_how_the_table_read_it(tmp_path, monkeyp
         vllm = json.loads(path.read_text())["vllm"]
         assert vllm["release"] == "0.19.1", vllm["release"]
         assert any("read as 0.19.1" in note for note in vllm["notes"]), vllm["notes"]
+
+
+def test_model_level_facts_match_the_installed_vllm(tmp_path):
+    """The vendored model-level facts against the installed vLLM's own files (read as text, vLLM not imported): the
+    gate's arguments and expression, the fused all-gather + matmul constant, and every line a printed patch edits."""
+    import ast
+    import importlib.util
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from sp_lab.vllm_models import model_level_sp, model_sp_releases
+
+    version = installed_release()
+    spec = importlib.util.find_spec("vllm")
+    if version is None or spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed: the facts were read from the wheels (benchmarks/vllm_releases)")
+    facts = model_sp_releases().get(resolve_release(version)[0].version)
+    if facts is None:
+        pytest.skip(f"vLLM {version}: a release before 0.32 has no model-level SP facts")
+    root = Path(spec.origin).resolve().parent.parent
+    helpers = facts["helpers"]
+    source = (root / helpers["file"]).read_text()
+    gate = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
+                and n.name == "is_sequence_parallel_active")
+    assert [a.arg for a in gate.args.args] == helpers["is_sequence_parallel_active"]["args"]
+    returned = next(n for n in ast.walk(gate) if isinstance(n, ast.Return))
+    assert ast.unparse(returned.value) == helpers["is_sequence_parallel_active"]["returns"]
+    lines = source.splitlines()
+    for constant in helpers["constants"]:
+        assert lines[constant["line"] - 1] == constant["text"]
+    for model in facts["models"].values():
+        for a in model["min_tokens_assignments"]:
+            assert (root / a["file"]).read_text().splitlines()[a["line"] - 1] == a["text"], a
+    level = model_level_sp(version, "MuseSparkForConditionalGeneration", sp_min_tokens=4096,
+                           fused_ag_min_tokens_per_rank=512, dtype="bfloat16")
+    if level is not None and level.patch and shutil.which("patch"):
+        patch = tmp_path / "muse.patch"
+        patch.write_text(level.patch)
+        done = subprocess.run(["patch", "-p1", "--dry-run", "-d", str(root), "-i", str(patch)],
+                              check=False, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
