@@ -339,3 +339,14 @@ def test_model_level_facts_match_the_installed_vllm(tmp_path):
         done = subprocess.run(["patch", "-p1", "--dry-run", "-d", str(root), "-i", str(patch)],
                               check=False, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_patches_left_out_of_the_table_are_read_as_the_release_they_equal():
+    """Patches read from their wheels and found equal to their minor's entry resolve to that entry."""
+    from sp_lab.vllm_releases import RELEASES_FILE
+
+    read_as = json.loads(RELEASES_FILE.read_text())["meta"]["patches_read_identical"]["read_as"]
+    assert sorted(read_as) == ["0.14.0", "0.15.0", "0.20.0", "0.20.1", "0.22.0", "0.25.0", "0.27.0"]
+    for version, entry in read_as.items():
+        assert resolve_release(version)[0].version == entry["as"]
+        assert entry["wheel"].startswith(f"vllm-{version}-") and len(entry["wheel_sha256"]) == 64
