@@ -71,3 +71,35 @@ def test_measured_rows_from_a_store_are_said_measured_with_their_interval(tmp_pa
     assert f"rows: measured, from {store.path}" in out
     assert "serving speedup vs baseline: 1.48x (measured; sp+async_tp from 256)" in out  # (10+300)/(10+200)
     assert "interval: delta method" in out and "'toy' is not a preset" in out
+
+
+def test_a_tuned_config_is_priced_through_its_own_gates(known_rows, tmp_path, capsys):
+    from sp_lab.config import LabConfig
+    from sp_lab.rules import MatmulRule
+
+    steps = tmp_path / "steps.txt"
+    steps.write_text("\n".join(["1"] * 90 + ["4096"] * 10))
+    gated = tmp_path / "gated.json"
+    LabConfig(tp_size=8, enable_sp=True, enable_async_tp=True, async_tp_min_tokens=64).to_json(gated)
+    assert main(["traffic", "--steps", str(steps), "--config", str(gated)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tuned config"))
+    head_us = 128256 * 8192 * 2 / 8 / 4800e3  # as above: baseline at 1 token, SP + AsyncTP at 4096
+    assert line.split()[2] == f"{(10900 + 100 * head_us) / (8900 + 100 * head_us):.3f}x"
+    ruled = tmp_path / "ruled.json"
+    LabConfig(tp_size=8, async_tp_min_tokens=64, heuristic=MatmulRule.always("fuse")).to_json(ruled)
+    assert main(["traffic", "--steps", str(steps), "--config", str(ruled)]) == 2
+    assert "fuses per matmul by its own rule" in capsys.readouterr().err
+
+
+def test_tuned_rows_of_several_configs_are_not_pooled(tmp_path):
+    from test_store import make_row
+
+    from sp_lab.bench.store import SweepStore
+    from sp_lab.serving.step_costs import measured_rows
+
+    store = SweepStore(tmp_path / "sweeps")
+    store.append([make_row(1, variant="tuned", reported_variant="tuned", config_hash=h) for h in ("aaa", "bbb")]
+                 + [make_row(1, variant="baseline", reported_variant="baseline")])
+    with pytest.warns(UserWarning, match=r"tuned rows of 2 configs \(aaa, bbb\) are left out"):
+        rows = measured_rows(store.path, "toy", 2)
+    assert set(rows["variant"]) == {"baseline"}

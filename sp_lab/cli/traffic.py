@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", dest="measured_store", metavar="DIR", type=Path, default=None, help="measured rows from this sweep store (else predicted "
                    f"rows); {STORE_HELP}")
     p.add_argument("--device", default=None, help="with --store: the device_name of the rows to use")
+    p.add_argument("--config", type=Path, default=None, help="a tuned config (an exported file or LabConfig JSON) "
+                   "priced as one more policy, through its own gates; with --store its own tuned rows")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, help="token budget per step "
                    "(vLLM's default on H100/H200 for its server: 8192)")
     p.add_argument("--max-num-seqs", type=positive_int, default=1024, help="requests in flight (default 1024)")
@@ -87,17 +89,25 @@ def run(args: argparse.Namespace) -> int:
         from sp_lab.serving.workloads import workload
 
         workload(args.workload)  # a mistyped name fails before any row is predicted
+        config = None
+        if args.config is not None:
+            from sp_lab.config import load_tuned_config
+
+            config, _ = load_tuned_config(args.config)
+            if config.heuristic is not None and args.measured_store is None:
+                raise CliError(f"{args.config} fuses per matmul by its own rule, but predicted 'tuned' rows follow the "
+                               "rule the performance model implies: give measured rows of that config (--store)")
         limits = SchedulerLimits(args.max_num_batched_tokens, args.max_num_seqs)
         if args.measured_store is not None:
             rows, choice = measured_setup(args.measured_store, args.model, args.tp, dtype=args.dtype,
-                                         device_name=args.device)
+                                          device_name=args.device, config=config)
             curves = LatencyCurves.from_rows(rows, shared=shared_terms(args.model, args.tp, args.gpu))
             print(f"rows: measured, from {args.measured_store}\n{choice.message('cli')}")
         else:
             curves = predicted_curves(args.model, args.tp, args.gpu, dtype=args.dtype or "bfloat16",
                                       max_tokens=args.max_num_batched_tokens)
             print("rows: PREDICTED by sp_lab's performance model (no --store given)")
-        verdict = evaluate(curves, _traffic(args), limits=limits)
+        verdict = evaluate(curves, _traffic(args), limits=limits, config=config)
     except ValueError as e:
         raise CliError(str(e)) from e
     print(verdict.text())

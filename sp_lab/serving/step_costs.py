@@ -17,6 +17,7 @@ saving on the layers is a smaller share of the step) and are labelled ``modelled
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +27,11 @@ import numpy as np
 import polars as pl
 
 from sp_lab.serving.scheduler import StepPrice
-from sp_lab.vocabulary import MEASURED
+from sp_lab.vocabulary import MEASURED, TUNED
 
 if TYPE_CHECKING:
     from sp_lab.bench.setups import SetupChoice
+    from sp_lab.config import LabConfig
 
 __all__ = ["Curve", "LatencyCurves", "SharedTerms", "measured_rows", "predicted_curves", "predicted_rows",
            "predicted_token_grid", "shared_terms"]
@@ -68,16 +70,21 @@ def predicted_rows(model: str, tp: int, gpu: str, dtype: str = "bfloat16", max_t
 
 
 def measured_rows(store: str | Path, model: str, tp: int, *, dtype: str | None = None,
-                  device_name: str | None = None) -> pl.DataFrame:
+                  device_name: str | None = None, config: LabConfig | None = None) -> pl.DataFrame:
     """Measured rows of one setup from the sweep store at ``store`` (:func:`measured_setup`'s rows)."""
-    return measured_setup(store, model, tp, dtype=dtype, device_name=device_name)[0]
+    return measured_setup(store, model, tp, dtype=dtype, device_name=device_name, config=config)[0]
 
 
 def measured_setup(store: str | Path, model: str, tp: int, *, dtype: str | None = None,
-                   device_name: str | None = None) -> tuple[pl.DataFrame, SetupChoice]:
+                   device_name: str | None = None, config: LabConfig | None = None
+                   ) -> tuple[pl.DataFrame, SetupChoice]:
     """Measured rows of one setup from the sweep store at ``store``, and which setup
     (:func:`sp_lab.bench.setups.select_setup`: the newest with this model and tp, and ``dtype`` / ``device_name``
-    when given; its message lists the others); ``ValueError`` naming what is there when nothing matches."""
+    when given; its message lists the others); ``ValueError`` naming what is there when nothing matches.
+
+    ``tuned`` rows time one config each: with ``config`` only that config's (its ``config_hash``) are kept;
+    without, they are kept when they all come from one config and left out, with a warning, when they do not.
+    """
     from sp_lab.bench.setups import select_setup
     from sp_lab.bench.store import SweepStore
 
@@ -91,7 +98,18 @@ def measured_setup(store: str | Path, model: str, tp: int, *, dtype: str | None 
                          "first or leave out --store to use predicted rows")
     asked = {k: v for k, v in {"model": model, "tp": tp, "dtype": dtype, "device_name": device_name}.items()
              if v is not None}
-    return select_setup(measured, asked, style="cli")  # SetupNotFoundError (a ValueError) lists the setups there
+    rows, choice = select_setup(measured, asked, style="cli")  # SetupNotFoundError (a ValueError) lists them
+    tuned = pl.col("variant") == TUNED
+    hashes = sorted(set(rows.filter(tuned)["config_hash"].to_list()))
+    if config is not None:
+        from sp_lab.bench.sweep import config_hash
+
+        rows = rows.filter(~tuned | (pl.col("config_hash") == config_hash(config)))
+    elif len(hashes) > 1:
+        warnings.warn(f"tuned rows of {len(hashes)} configs ({', '.join(hashes)}) are left out: pass the tuned "
+                      "config (--config FILE) to price its own rows", stacklevel=2)
+        rows = rows.filter(~tuned)
+    return rows, choice
 
 
 @dataclass(frozen=True)
