@@ -469,7 +469,8 @@ class Tuner:
         self.demo_button.on_click(lambda _b: self._demo_clicked())
         self.recommend_button.on_click(lambda _b: self.use_recommended())
         self.export_button.on_click(lambda _b: self._export_clicked())
-        self.slider.observe(lambda change: self.set_threshold(change["new"]), names="value")
+        self._syncing = False  # the controls are being set from the state, not by the user
+        self.slider.observe(lambda change: None if self._syncing else self.set_threshold(change["new"]), names="value")
         self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
                         w.VBox([self.run_button, self.demo_button, self.progress])], layout=w.Layout(**wrap))
@@ -510,10 +511,15 @@ class Tuner:
         return above[0] if above else NEVER
 
     def _sync_controls(self) -> None:
-        options = self._slider_options()
+        options, value = self._slider_options(), self._slider_value()
         if list(self.slider.options) != options:
-            self.slider.options = options
-        self.slider.value = self._slider_value()
+            # New options move the slider to the first one, which would reach set_threshold as a user's choice.
+            self._syncing = True
+            try:
+                self.slider.options = options
+            finally:
+                self._syncing = False
+        self.slider.value = value
         self.shape.value = self._shape_label()
 
     # ------------------------------------------------------------------ actions
