@@ -26,6 +26,7 @@ flagged, never silent).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -115,11 +116,14 @@ def _table_dir(system: str, kind: str) -> Path:
     root = data_root()
     if root is None:
         raise TablesUnavailable(f"collected tables need {PACKAGE}: {INSTALL_HINT}")
-    sub = {"nccl": "comm/nccl", "vllm_allreduce": "comm/vllm", "gemm": "gemm/vllm"}[kind]
+    sub = {"nccl": "comm/nccl", "vllm_allreduce": "comm/vllm", "gemm": "gemm/vllm", "context_attention":
+           "attention/vllm", "generation_attention": "attention/vllm"}[kind]
     return root / system / sub
 
 
-_FILES = {"nccl": "nccl_perf.parquet", "vllm_allreduce": "custom_allreduce_perf.parquet", "gemm": "gemm_perf.parquet"}
+_FILES = {"nccl": "nccl_perf.parquet", "vllm_allreduce": "custom_allreduce_perf.parquet", "gemm": "gemm_perf.parquet",
+          "context_attention": "context_attention_perf.parquet",
+          "generation_attention": "generation_attention_perf.parquet"}
 
 
 def versions(system: str, kind: str) -> list[str]:
@@ -333,15 +337,10 @@ class GemmTable:
         if kernel is None:
             raise TablesUnavailable(f"{system} vLLM {chosen} GEMM table has no {gemm_dtype} rows from "
                                     f"{' or '.join(kernels)} (has {sorted(have)})")
-        rows = (pl.scan_parquet(path)
-                .filter((pl.col("gemm_dtype") == gemm_dtype) & (pl.col("kernel_source") == kernel))
-                .group_by("m", "n", "k").agg(pl.col("latency").median()).collect())
-        axes = tuple(np.array(sorted(rows[c].unique().to_list()), dtype=float) for c in ("m", "n", "k"))
-        cube = np.full(tuple(len(a) for a in axes), np.nan)
-        idx = [np.searchsorted(a, rows[c].to_numpy()) for a, c in zip(axes, ("m", "n", "k"), strict=True)]
-        cube[idx[0], idx[1], idx[2]] = rows["latency"].to_numpy()
-        return cls(system=system, version=chosen, dtype=dtype, kernel=kernel, grid=axes,  # type: ignore[arg-type]
-                   ms=cube)
+        rows = pl.scan_parquet(path).filter(
+            (pl.col("gemm_dtype") == gemm_dtype) & (pl.col("kernel_source") == kernel)).collect()
+        axes, cube = _cube(rows, ("m", "n", "k"))
+        return cls(system=system, version=chosen, dtype=dtype, kernel=kernel, grid=axes, ms=cube)  # type: ignore[arg-type]
 
     @property
     def label(self) -> str:
@@ -349,37 +348,120 @@ class GemmTable:
         return f"{self.system} vLLM {self.version} GEMM ({self.kernel})"
 
     def latency(self, m: int, n: int, k: int) -> Lookup:
-        """Time of one ``[m, k] @ [k, n]`` matmul."""
-        scale, grid = 1.0, ON_GRID
-        corners: list[list[tuple[int, float]]] = []  # per axis: (index, weight) pairs
-        for axis, x in zip(self.grid, (m, n, k), strict=True):
-            if x > axis[-1]:  # proportional beyond the largest size
-                scale *= x / axis[-1]
-                corners.append([(len(axis) - 1, 1.0)])
-                grid = ABOVE_GRID
-            elif x < axis[0]:
-                scale *= x / axis[0] if axis is not self.grid[0] else 1.0
-                corners.append([(0, 1.0)])
-                grid = BELOW_GRID
+        """Time of one ``[m, k] @ [k, n]`` matmul (flat below the smallest m: launch-bound)."""
+        ms, grid = interp_grid(self.grid, self.ms, (m, n, k), flat_below=(True, False, False),
+                               what=f"{self.label}: m={m}, n={n}, k={k}")
+        return Lookup(us=1e3 * ms, grid=grid, table=self.label)
+
+
+def interp_grid(axes: tuple[np.ndarray, ...], values: np.ndarray, point: tuple[float, ...], *,
+                flat_below: tuple[bool, ...], what: str) -> tuple[float, str]:
+    """A value of a grid at ``point``: multilinear in (log coordinate, log value) over the surrounding grid points
+    that exist (NaN = not collected). Beyond an axis' largest value the edge is scaled in proportion to the
+    coordinate; below its smallest likewise, or held flat where ``flat_below`` says so."""
+    scale, grid = 1.0, ON_GRID
+    corners: list[list[tuple[int, float]]] = []  # per axis: (index, weight) pairs
+    for axis, x, flat in zip(axes, point, flat_below, strict=True):
+        if x > axis[-1]:
+            scale *= x / axis[-1]
+            corners.append([(len(axis) - 1, 1.0)])
+            grid = ABOVE_GRID
+        elif x < axis[0]:
+            scale *= 1.0 if flat else x / axis[0]
+            corners.append([(0, 1.0)])
+            grid = BELOW_GRID
+        else:
+            i = int(np.searchsorted(axis, x))
+            if axis[i] == x:
+                corners.append([(i, 1.0)])
             else:
-                i = int(np.searchsorted(axis, x))
-                if axis[i] == x:
-                    corners.append([(i, 1.0)])
-                else:
-                    t = (math.log(x) - math.log(axis[i - 1])) / (math.log(axis[i]) - math.log(axis[i - 1]))
-                    corners.append([(i - 1, 1 - t), (i, t)])
-                    grid = INTERPOLATED if grid == ON_GRID else grid
-        log_sum, weight = 0.0, 0.0
-        for i, wi in corners[0]:
-            for j, wj in corners[1]:
-                for q, wq in corners[2]:
-                    v = self.ms[i, j, q]
-                    if not np.isnan(v) and wi * wj * wq > 0:
-                        log_sum += wi * wj * wq * math.log(v)
-                        weight += wi * wj * wq
-        if weight == 0:
-            raise TablesUnavailable(f"{self.label}: no grid point around m={m}, n={n}, k={k}")
-        return Lookup(us=1e3 * scale * math.exp(log_sum / weight), grid=grid, table=self.label)
+                t = (math.log(x) - math.log(axis[i - 1])) / (math.log(axis[i]) - math.log(axis[i - 1]))
+                corners.append([(i - 1, 1 - t), (i, t)])
+                grid = INTERPOLATED if grid == ON_GRID else grid
+    log_sum, weight = 0.0, 0.0
+    for combo in itertools.product(*corners):
+        w = math.prod(wi for _, wi in combo)
+        v = values[tuple(i for i, _ in combo)]
+        if w > 0 and not np.isnan(v):
+            log_sum += w * math.log(v)
+            weight += w
+    if weight == 0:
+        raise TablesUnavailable(f"{what}: no collected point around it")
+    return scale * math.exp(log_sum / weight), grid
+
+
+def _cube(rows: pl.DataFrame, columns: tuple[str, ...]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """The sorted axes of ``columns`` and the median ``latency`` (ms) at each grid point (NaN where missing)."""
+    rows = rows.group_by(*columns).agg(pl.col("latency").median())
+    axes = tuple(np.array(sorted(rows[c].unique().to_list()), dtype=float) for c in columns)
+    cube = np.full(tuple(len(a) for a in axes), np.nan)
+    cube[tuple(np.searchsorted(a, rows[c].to_numpy()) for a, c in zip(axes, columns, strict=True))] = (
+        rows["latency"].to_numpy())
+    return axes, cube
+
+
+# ------------------------------------------------------------------------------------------ attention
+
+ATTENTION_KERNELS = ("vllm_flash_attn_fa3", "vllm_flash_attn", "vllm_flash_attn_fa2",
+                     "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")
+"""Which attention kernel's rows to read, first present wins: vLLM's FlashAttention backend (FA3 on Hopper, FA2 on
+Ampere and Ada, ``vllm_flash_attn`` in the older tables), on Blackwell FlashInfer's TRT-LLM kernels."""
+
+
+@dataclass
+class AttentionTable:
+    """vLLM's attention kernel times of one system: ``context`` (a prefill of ``isl`` tokens per sequence) or
+    ``generation`` (one decode token per sequence over ``step`` cached tokens), bf16, no sliding window."""
+
+    system: str
+    """aiconfigurator system name."""
+    version: str
+    """vLLM version of the table."""
+    phase: str
+    """``"context"`` or ``"generation"``."""
+    kernel: str
+    """The ``kernel_source`` whose rows were read."""
+    rows: pl.DataFrame
+    """The rows of that kernel (bf16 KV cache, no window)."""
+    index: dict = field(default_factory=dict, repr=False, compare=False)
+    """(batch, length) grids per head layout, filled on first use."""
+
+    @classmethod
+    def load(cls, system: str, phase: str, version: str | None = None) -> AttentionTable:
+        """The ``phase`` attention table of ``system`` (newest vLLM version unless named)."""
+        kind = f"{phase}_attention"
+        path, chosen = table_path(system, kind, version if version in versions(system, kind) else None)
+        rows = pl.read_parquet(path)
+        # bf16 KV cache, full attention, no beam search (older tables, e.g. a100_sxm's vLLM 0.14.0, have no window)
+        wanted = {"kv_cache_dtype": "bfloat16", "window_size": 0, "beam_width": 1}
+        rows = rows.filter(*(pl.col(c) == v for c, v in wanted.items() if c in rows.columns))
+        have = rows["kernel_source"].unique().to_list()
+        kernel = next((k for k in ATTENTION_KERNELS if k in have), None)
+        if kernel is None:
+            raise TablesUnavailable(f"{system} vLLM {chosen} {phase} attention table has none of "
+                                    f"{', '.join(ATTENTION_KERNELS)} (has {sorted(have)})")
+        return cls(system=system, version=chosen, phase=phase, kernel=kernel,
+                   rows=rows.filter(pl.col("kernel_source") == kernel))
+
+    @property
+    def label(self) -> str:
+        """Names the table in provenance columns."""
+        return f"{self.system} vLLM {self.version} {self.phase} attention ({self.kernel})"
+
+    def latency(self, heads: int, kv_heads: int, head_dim: int, batch: int, length: int) -> Lookup:
+        """One attention call of ``batch`` sequences with ``heads`` query and ``kv_heads`` KV heads of ``head_dim``
+        on this GPU; ``length`` is the prefill's tokens per sequence (context) or the cached tokens (generation)."""
+        key = (heads, kv_heads, head_dim)
+        if key not in self.index:
+            series = self.rows.filter((pl.col("num_heads") == heads) & (pl.col("num_key_value_heads") == kv_heads)
+                                      & (pl.col("head_dim") == head_dim))
+            if series.height == 0:
+                raise TablesUnavailable(f"{self.label}: no rows for {heads} query / {kv_heads} KV heads of {head_dim}")
+            self.index[key] = _cube(series, ("batch_size", "isl" if self.phase == "context" else "step"))
+        axes, cube = self.index[key]
+        ms, grid = interp_grid(axes, cube, (batch, length), flat_below=(True, True),
+                               what=f"{self.label}: batch {batch}, length {length}")
+        return Lookup(us=1e3 * ms, grid=grid, table=self.label)
 
 
 # ------------------------------------------------------------------------------------------ one system's tables
@@ -398,11 +480,17 @@ class SystemTables:
     gemm: GemmTable | None
     """vLLM's GEMM kernels for the prediction's dtype (``None``: no collected rows for it, e.g. FP8 with tensorwise
     scales; the matmuls are then modelled)."""
+    context_attention: AttentionTable | None = None
+    """vLLM's prefill attention (``None``: no table; attention is then modelled)."""
+    generation_attention: AttentionTable | None = None
+    """vLLM's decode attention over a KV cache (``None``: no table)."""
 
     def describe(self) -> str:
         """One line naming every table and version."""
         gemm = self.gemm.label if self.gemm else "no collected GEMM rows for this dtype (matmuls modelled)"
-        return f"collected ({PACKAGE} {installed_version()}): {self.nccl.label}; {self.vllm_all_reduce.label}; {gemm}"
+        attn = self.context_attention.label if self.context_attention else "no attention table (attention modelled)"
+        return (f"collected ({PACKAGE} {installed_version()}): {self.nccl.label}; {self.vllm_all_reduce.label}; "
+                f"{gemm}; {attn}")
 
 
 @cache
@@ -413,7 +501,17 @@ def system_tables(system: str, dtype: str = "bfloat16", nccl_version: str | None
     return SystemTables(system=system, nccl=CollectiveTable.load(system, nccl_version),
                         vllm_all_reduce=VllmAllReduceTable.load(system, vllm_version),
                         gemm=GemmTable.load(system, dtype, _gemm_version(system, vllm_version))
-                        if dtype in GEMM_DTYPES else None)
+                        if dtype in GEMM_DTYPES else None,
+                        context_attention=_attention(system, "context", vllm_version),
+                        generation_attention=_attention(system, "generation", vllm_version))
+
+
+def _attention(system: str, phase: str, vllm_version: str | None) -> AttentionTable | None:
+    """The ``phase`` attention table where the system has one with a kernel sp_lab reads, else ``None``."""
+    try:
+        return AttentionTable.load(system, phase, vllm_version)
+    except TablesUnavailable:
+        return None
 
 
 def _gemm_version(system: str, vllm_version: str | None) -> str | None:

@@ -6,10 +6,10 @@ collected per-op tables and models. ``aiconfigurator-core``, the package sp_lab 
 that estimator (``aiconfigurator_core.sdk.engine.EngineHandle``): where it is installed the estimate is computed
 here, otherwise the values recorded from the CLI (:data:`RECORDED`) are shown and labelled so.
 
-sp_lab's side is the whole model as vLLM runs it without SP: every decoder layer (``baseline``, attention
-included), the vocab-parallel embedding's all_reduce, and the LM head on one row per sequence (vLLM computes
-logits only for each sequence's last token), plus, for decode, each layer's read of the KV cache (modelled:
-bytes over the datasheet HBM rate).
+sp_lab's side is the whole model as vLLM runs it without SP: every decoder layer (``baseline``), the
+vocab-parallel embedding's all_reduce, and the LM head on one row per sequence (vLLM computes logits only for each
+sequence's last token). Attention is vLLM's prefill kernel over the sequence, or at decode its decode kernel over
+the KV cache, from the collected tables (modelled where there are none).
 """
 
 from __future__ import annotations
@@ -90,24 +90,36 @@ def aic_estimate_ms(case: Case) -> tuple[float, str]:
 
 
 def sp_lab_estimate_ms(case: Case, target: Target | None = None) -> dict[str, float]:
-    """sp_lab's baseline for ``case``, term by term (ms): ``layers`` (all decoder layers, attention over one
-    sequence of the step's tokens), ``kv_read`` (decode: the layers' KV-cache reads), ``embedding_ar``,
-    ``lm_head``, and ``total``."""
+    """sp_lab's baseline for ``case``, term by term (ms): ``layers`` (all decoder layers without their attention),
+    ``attention`` (prefill: causal over the sequence; decode: each sequence's token over its KV cache),
+    ``embedding_ar``, ``lm_head``, and ``total``."""
     target = target or Target.of(SYSTEM)
     dims, preset = _spec_dims(PRESET), load_preset(PRESET)
     hidden, layers = dims["hidden_size"], num_layers_of(PRESET)
+    q_heads, kv_heads = dims["num_heads"] // TP, max(1, dims["num_kv_heads"] // TP)
     tokens = case.isl * case.batch if case.phase == "prefill" else case.batch
     rows = predict_layers(PRESET, TP, [tokens], target, num_layers=layers, full_layer=True)
-    layer_us = rows.filter(pl.col("variant") == BASELINE)["latency_us"][0]
-    kv_us = 0.0
-    if case.phase == "decode":  # K and V of every context token, this rank's KV heads, bf16, once per layer
-        kv_bytes = case.batch * case.isl * 2 * max(1, dims["num_kv_heads"] // TP) * dims["head_dim"] * 2
-        kv_us = layers * kv_bytes / (target.gpu.hbm_gbps * 1e3)
+    base = rows.filter(pl.col("variant") == BASELINE).row(0, named=True)
+    attention_us = base["attention_us"]
+    if case.phase == "decode":
+        attention_us = layers * decode_attention_us(target, case, q_heads, kv_heads, dims["head_dim"])
     embedding_us, _, _ = baseline_all_reduce(target, tokens * hidden * 2, TP)
     kernels = KernelModel(default_table(), target.gpu, target.dtype)
     head_us, _ = plain_mm_us(kernels, target, case.batch, int(preset["vocab_size"]) // TP, hidden)
-    parts = {"layers": layer_us, "kv_read": kv_us, "embedding_ar": embedding_us, "lm_head": head_us}
+    parts = {"layers": base["latency_us"] - base["attention_us"], "attention": attention_us,
+             "embedding_ar": embedding_us, "lm_head": head_us}
     return {**{k: v / 1e3 for k, v in parts.items()}, "total": sum(parts.values()) / 1e3}
+
+
+def decode_attention_us(target: Target, case: Case, q_heads: int, kv_heads: int, head_dim: int) -> float:
+    """One layer's decode attention for ``case`` on one rank: vLLM's decode kernel from the collected table where
+    there is one, else modelled (the KV cache's bytes at the datasheet HBM rate, over the prefill table's floor)."""
+    table = target.tables.generation_attention if target.tables is not None else None
+    if table is not None:
+        return table.latency(q_heads, kv_heads, head_dim, case.batch, case.isl).us
+    kv_bytes = case.batch * case.isl * 2 * kv_heads * head_dim * 2  # K and V, bf16
+    floor = KernelModel(default_table(), target.gpu, target.dtype).attention_us(1, q_heads, head_dim)
+    return floor + kv_bytes / (target.gpu.hbm_gbps * 1e3)
 
 
 def cross_check_table(target: Target | None = None) -> pl.DataFrame:
@@ -136,7 +148,7 @@ def cross_check_markdown(table: pl.DataFrame) -> str:
         what = (f"prefill {r['isl']} tokens (TTFT)" if r["phase"] == "prefill"
                 else f"decode step, batch {r['batch']}, {r['isl']} context tokens (TPOT)")
         lines.append(f"| {what} | {r['sp_lab_ms']:.2f} | {r['aic_ms']:.2f} | {r['ratio']:.3f} | "
-                     f"{r['layers_ms']:.2f} + {r['kv_read_ms']:.2f} + {r['embedding_ar_ms']:.3f} + "
+                     f"{r['layers_ms']:.2f} + {r['attention_ms']:.2f} + {r['embedding_ar_ms']:.3f} + "
                      f"{r['lm_head_ms']:.3f} |")
     lines += ["", f"{int(table['within'].sum())} of {table.height} within {100 * TOLERANCE:.0f}% of AIConfigurator."]
     return "\n".join(lines) + "\n"

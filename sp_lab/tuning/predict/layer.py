@@ -146,8 +146,10 @@ class Target:
                     f"{self.interconnect.label}) -- {self.tables_note}; " + modelled)
         t = self.tables
         mm = f"matmuls {t.gemm.label}" if t.gemm else "matmuls modelled (no collected rows for this dtype)"
+        attn = f"; attention {t.context_attention.label}" if t.context_attention else ""
         return (f"collected: {mm}; reduce_scatter / all_gather {t.nccl.label}; baseline all_reduce as vLLM "
-                f"picks it ({t.vllm_all_reduce.label} for custom / symm-mem, {t.nccl.label} above); " + modelled)
+                f"picks it ({t.vllm_all_reduce.label} for custom / symm-mem, {t.nccl.label} above){attn}; "
+                + (modelled.replace(", activation and attention", " and activation") if attn else modelled))
 
     def replace(self, **changes: object) -> Target:
         """A copy with some fields changed (the crossover band perturbs bandwidth and contention)."""
@@ -203,6 +205,20 @@ def plain_mm_us(kernels: KernelModel, target: Target, m: int, n: int, k: int) ->
         return kernels.mm_us(m, n, k), None
     hit = gemm.latency(m, n, k)
     return hit.us, hit
+
+
+def layer_attention_us(kernels: KernelModel, target: Target, tokens: int, q_heads: int, kv_heads: int,
+                       head_dim: int) -> tuple[float, Lookup | None]:
+    """Causal attention of one ``tokens``-long sequence on one rank: vLLM's prefill attention kernel from the
+    collected table where the target has one (and its head layout), else the H200 table scaled (modelled)."""
+    table = target.tables.context_attention if target.tables is not None else None
+    if table is not None:
+        try:
+            hit = table.latency(q_heads, kv_heads, head_dim, 1, tokens)
+            return hit.us, hit
+        except TablesUnavailable:  # a head layout the table lacks: modelled below
+            pass
+    return kernels.attention_us(tokens, q_heads, head_dim), None
 
 
 def baseline_all_reduce(target: Target, nbytes: float, tp: int) -> tuple[float, str, Lookup | None]:
@@ -300,6 +316,7 @@ def predict_layers(
     dims = _spec_dims(spec)
     hidden = dims["hidden_size"]
     q_heads = max(1, dims["num_heads"] // tp)
+    kv_heads = max(1, dims["num_kv_heads"] // tp)  # replicated below tp
     layers = num_layers or num_layers_of(spec)
     shapes = tp_matmul_shapes(spec, tp)
     ic = target.interconnect
@@ -314,11 +331,15 @@ def predict_layers(
         plain = sum(max(us, eager_mm) for us, _ in plain_hits)
         ar_us, ar_impl, ar_hit = baseline_all_reduce(target, t * hidden * 2, tp)
         hits = [h for _, h in plain_hits if h is not None] + [h for p in pairs for h in p.lookups]
-        outside = sorted({f"{h.table}: {h.grid}" for h in [*hits, ar_hit] if h is not None and h.outside})
         norm_bytes = 4 * hidden * 2  # fused add + RMSNorm: read x and residual, write both, per token
         # same in every variant: attention, and SiLU(gate) * up reading 2 I / tp and writing I / tp per token
         act = kernels.elementwise_us(t * 3 * dims["intermediate_size"] // tp * 2)
-        attn = kernels.attention_us(t, q_heads, dims["head_dim"]) + act if full_layer else 0.0
+        attention = 0.0
+        if full_layer:
+            attention, attn_hit = layer_attention_us(kernels, target, t, q_heads, kv_heads, dims["head_dim"])
+            hits += [attn_hit] if attn_hit is not None else []
+        attn = attention + act if full_layer else 0.0
+        outside = sorted({f"{h.table}: {h.grid}" for h in [*hits, ar_hit] if h is not None and h.outside})
         choices: dict[str, list[bool] | None] = {BASELINE: None, SP: [False] * 4, SP_ASYNC_TP: [True] * 4}
         if rule == PREDICTED_RULE:
             choices[TUNED] = [p.fused_us < p.unfused_us for p in pairs]
@@ -336,7 +357,7 @@ def predict_layers(
             n_fused = sum(fuse or [])
             rows.append({"num_tokens": t, "variant": variant, "latency_us": layers * (matmul + comm + norm + attn),
                          "matmul_us": layers * matmul, "comm_us": layers * comm, "norm_us": layers * norm,
-                         "same_in_all_us": layers * attn,
+                         "same_in_all_us": layers * attn, "attention_us": layers * attention,
                          "n_fused": n_fused * layers, "fusion_fired": n_fused > 0, "fusion_missing": False,
                          "all_reduce_impl": ar_impl if fuse is None else "-", "outside_grid": "; ".join(outside)})
     estimated = ", ".join(f"{n}x{k}" for n, k in sorted(kernels.estimated)) or "none"

@@ -4,9 +4,10 @@ tp 1 H200 rows).
 
 The only such rows today are single-GPU (``data/h200/tp1_latency.json``: a 4-layer Llama-3-8B at
 tp 1 on the H200, compiled with full-and-piecewise CUDA graphs). At tp 1 every variant is the same program,
-so this checks the compute side of the model -- matmuls (most of these tp 1 shapes are roofline estimates:
-the bench measured tp 2-8 shards), attention, norms and activation -- plus the LM head, not the
-communication or overlap side (no multi-GPU rows exist yet).
+so this checks the compute side of the model -- matmuls and attention (vLLM's kernels from the collected H200
+tables where aiconfigurator-core is installed, else sp_lab's H200 tables with roofline estimates for these tp 1
+shapes), norms and activation -- plus the LM head, not the communication or overlap side (no multi-GPU rows
+exist yet).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import polars as pl
 
 from sp_lab.resources import h200_file, load_preset
 from sp_lab.tuning.predict.kernels import KernelModel, default_table
-from sp_lab.tuning.predict.layer import Target, predict_layers
+from sp_lab.tuning.predict.layer import Target, plain_mm_us, predict_layers
 from sp_lab.vocabulary import BASELINE, MEASURED, PREDICTED
 
 TP1_JSON = h200_file("tp1_latency.json")
@@ -42,12 +43,14 @@ def tp1_comparison() -> pl.DataFrame:
     kernels = KernelModel(default_table(), target.gpu)
     hidden, vocab = int(preset["hidden_size"]), int(preset["vocab_size"])
     # the LM head is a [T, H] @ [H, vocab] matmul (logits for every token), plus the final norm
-    head = {t: kernels.mm_us(t, vocab, hidden) + kernels.elementwise_us(2 * t * hidden * 2) for t in tokens}
+    head = {t: plain_mm_us(kernels, target, t, vocab, hidden)[0] + kernels.elementwise_us(2 * t * hidden * 2)
+            for t in tokens}
     predicted = {r["num_tokens"]: (r["latency_us"] + head[r["num_tokens"]]) / 1e3 for r in layer.iter_rows(named=True)}
     out = pl.DataFrame({"num_tokens": tokens, "measured_ms": [float(r["ms"]) for r in rows],
                         "predicted_ms": [predicted[t] for t in tokens]})
     return out.with_columns(error=pl.col("predicted_ms") / pl.col("measured_ms") - 1.0, model=pl.lit(model),
                             num_layers=pl.lit(layers), device_name=pl.lit(data["meta"]["device"]),
+                            tables=pl.lit("collected" if target.tables is not None else "modelled"),
                             measured_variant=pl.lit(TP1_VARIANT)).sort("num_tokens")
 
 
@@ -56,7 +59,7 @@ def tp1_markdown(table: pl.DataFrame) -> str:
     r0 = table.row(0, named=True)
     lines = [(f"{r0['model']}, {r0['num_layers']} layers, tp 1, bf16, {r0['device_name']}: measured "
              f"(`{r0['measured_variant']}`, `data/h200/tp1_latency.json`) vs predicted (attention, "
-             "activation, norms and LM head included)"), "",
+             f"activation, norms and LM head included; {r0['tables']} matmul and attention tables)"), "",
              "| tokens | measured ms | predicted ms | error |", "|---|---|---|---|"]
     lines += [f"| {r['num_tokens']} | {r['measured_ms']:.3f} | {r['predicted_ms']:.3f} | {100 * r['error']:+.0f}% |"
               for r in table.iter_rows(named=True)]

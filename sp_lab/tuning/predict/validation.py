@@ -288,9 +288,13 @@ one:
 - **The fused kernels' copies**: as many bytes as the collective they replace, at the rate the collected NCCL
   collective reached for that tensor (its time over the tp - 1 copies): on PCIe hosts far below the link's
   datasheet rate.
+- **Attention** (whole-layer predictions): vLLM's prefill attention kernel over one sequence of the step's tokens
+  (`attention/vllm/<version>/context_attention_perf.parquet`: FlashAttention 3 on Hopper, 2 on Ampere and Ada,
+  FlashInfer's TRT-LLM kernels on Blackwell), each rank's heads; the AIConfigurator cross-check's decode steps read
+  the decode kernel's table (`generation_attention_perf.parquet`) over the KV cache.
 
 What stays **modelled** everywhere (each row's `provenance` column says it per term): the fused kernels' own cost
-and the overlap inside them (below), norms, activation, attention. Without the package, or for a GPU without
+and the overlap inside them (below), norms and activation. Without the package, or for a GPU without
 tables (`h100_pcie`, whose directory in the package holds none, `h800`, `h100-hbm2e`), every term is modelled as
 follows and the prediction says so:
 
@@ -341,7 +345,8 @@ _PAGE_MEASURED = """
 ## Beside measured rows of the same setup
 
 Where sp_lab has timed a whole model, the prediction is shown next to it. Only single-GPU rows exist so far,
-so this checks the compute side (matmuls, attention, norms, LM head), not communication or overlap.
+so this checks the compute side (matmuls, attention, norms, LM head), not communication or overlap. With the
+collected tables it sets vLLM's kernels, timed by NVIDIA on its H200 system, beside sp_lab's own H200 run.
 
 """
 
@@ -377,11 +382,11 @@ _PAGE_CROSS = """
 
 The baseline (no SP) for a whole Llama 3.1 70B forward beside NVIDIA AIConfigurator's estimate for the same
 model, system, tp and token counts (`python -m sp_lab predict --cross-check` prints it; where `aiconfigurator-core`
-is installed its estimator runs there, otherwise the values its CLI printed are shown). The two share the collected
-GEMM and all-reduce tables, so they agree where those dominate (prefill); at decode AIConfigurator adds per-kernel
-floors sp_lab's model lacks: its norms cost ~1.5 us each (empirical) where sp_lab's are a memory-bound pass of one
-token's bytes, and its decode attention reads the KV cache with the paged-attention kernel's own floor (~11 us per
-layer) where sp_lab takes its H200 prefill-attention table at one token (~5 us).
+is installed its estimator runs there, otherwise the values its CLI printed are shown). The two read the same
+collected GEMM, all-reduce and attention tables, and agree to the microsecond on those terms (AIConfigurator's own
+per-op breakdown); what is left is modelled on both sides and modelled differently: AIConfigurator's norms and
+activation cost a few microseconds each (its empirical floor, ~0.5 ms per decode step over 160 norms) where
+sp_lab's are memory-bound passes over the step's bytes, which is why sp_lab is lower at decode.
 
 """
 
