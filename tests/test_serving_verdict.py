@@ -175,9 +175,9 @@ def test_a_regret_weighted_by_traffic_counts_the_time_spent_at_each_size():
 
 
 def test_predicted_rows_are_the_rows_the_predict_command_prints(monkeypatch):
-    """The adapter skips the crossovers ``advice.predict`` also computes; its rows must stay that command's rows
-    (if the performance model changes how it makes them, this fails and the adapter follows). The crossovers
-    are stubbed here: they re-predict a fine grid seven times and are not what is compared."""
+    """The adapter skips the crossovers ``advice.predict`` also computes; its rows must stay that command's rows and
+    those of ``step_latency_rows`` (if the performance model changes how it makes them, this fails and the adapter
+    follows). The crossovers are stubbed here: they re-predict a fine grid seven times and are not compared."""
     from sp_lab.serving.step_costs import predicted_rows
     from sp_lab.tuning.predict import advice
     from sp_lab.tuning.predict.advice import predict
@@ -187,6 +187,13 @@ def test_predicted_rows_are_the_rows_the_predict_command_prints(monkeypatch):
     ours = predicted_rows("llama-2-7b", 2, "h100", max_tokens=12)
     theirs = predict("llama-2-7b", 2, "h100", tokens=list(range(1, 13))).rows
     assert ours.sort("num_tokens", "variant").equals(theirs.sort("num_tokens", "variant"))
+    # and the performance model's public per-step rows (reference variants; it has no tuned curve)
+    from sp_lab.tuning.predict.steps import step_latency_rows
+
+    steps = step_latency_rows("llama-2-7b", 2, "h100", "bfloat16", [1, 5, 12]).select("num_tokens", "variant",
+                                                                                    "latency_us")
+    mine = ours.filter(pl.col("num_tokens").is_in([1, 5, 12]) & (pl.col("variant") != "tuned"))
+    assert mine.select(steps.columns).sort("num_tokens", "variant").equals(steps.sort("num_tokens", "variant"))
     assert set(ours["source"]) == {"predicted"}
     with pytest.raises(ValueError, match="tp=16: predictions model one 8-GPU board"):
         predicted_rows("llama-3-70b", 16, "h200")

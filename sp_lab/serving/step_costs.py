@@ -55,7 +55,9 @@ def predicted_rows(model: str, tp: int, gpu: str, dtype: str = "bfloat16", max_t
 
     The one place this package calls the performance model: the rows ``python -m sp_lab predict`` prints
     (``advice.predict``'s own call: all layers, attention included, ``tuned`` by the rule the model implies),
-    without the crossovers that command also computes (they re-predict a fine grid seven times over).
+    without the crossovers that command also computes (they re-predict a fine grid seven times over). The same
+    numbers as :func:`sp_lab.tuning.predict.steps.step_latency_rows` (tested), which has no ``tuned`` curve and
+    re-predicts every count under seven perturbed inputs for its band.
     """
     from sp_lab.tuning.predict.advice import check_model
     from sp_lab.tuning.predict.hardware import BOARD_GPUS
@@ -205,6 +207,8 @@ class LatencyCurves:
                                          part["se_us"].to_numpy().astype(float))
         first = rows.row(0, named=True)
         where = [f"{k} {first[k]}" for k in ("model", "tp", "dtype", "device_name", "timing_method") if k in first]
+        if source != MEASURED and first.get("note"):  # a model's rows say what they were computed from
+            where.append(str(first["note"]))
         return cls(curves=curves, source=source, provenance=f"{source} rows: " + ", ".join(where),
                    shared=shared or SharedTerms())
 
