@@ -69,3 +69,18 @@ def test_fusion_missing_rows_are_spelled_one_way_in_the_text_and_the_figure(tmp_
     assert "drawn and listed as '&lt;variant&gt; [fusion missing]'" in page
     assert '"name":"sp+async_tp [fusion missing]"' in page  # the legend entry of the figure
     assert "fusion did not fire" not in page
+
+
+def test_the_compile_overview_has_a_heading_of_its_own(tmp_path):
+    """The overview of a compile report came straight under the latency figure, as if part of it."""
+    from pathlib import Path
+
+    report = Path(__file__).parent / "data" / "report_toy_sharded.json"
+    page = write_report(pl.DataFrame(curve_rows()), tmp_path / "report.html", store=str(tmp_path),
+                        compile_report=report, predicted=False).read_text()
+    sections = page.split("<h2>")
+    latency = next(s for s in sections if s.startswith("Latency and regret</h2>"))
+    overview = next(s for s in sections if s.startswith("Compiled pieces and boundaries</h2>"))
+    assert latency.count("Plotly.newPlot") == 1 and overview.count("Plotly.newPlot") == 1
+    assert str(report) in overview
+

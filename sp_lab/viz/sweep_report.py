@@ -226,7 +226,11 @@ def write_report(
                          (REHEARSAL, "rehearsal (several ranks on one GPU): code paths, not multi-GPU latency")):
         if source in sources:
             parts.append(f"<p class='warn'>Some rows are <b>{what}</b>.</p>")
-    parts += ["<h2>Latency and regret</h2>", *divs]
+    parts += ["<h2>Latency and regret</h2>", divs[0]]
+    if compile_report is not None:  # its own heading: under the latency figure's it read as part of that section
+        what = (f"<p>The overview of <code>{html.escape(str(compile_report))}</code>: the pieces of the first range "
+                "with SP, what crosses each boundary (bytes per token on one rank) and what got fused.</p>")
+        parts += ["<h2>Compiled pieces and boundaries</h2>", what, divs[1]]
     if predicted:
         from sp_lab.viz.predicted import predicted_section_html
 
