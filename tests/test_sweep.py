@@ -30,6 +30,7 @@ import sp_lab
 from sp_lab.bench.store import KEY_COLUMNS, NULLABLE_COLUMNS, ROW_SCHEMA, SweepStore
 from sp_lab.bench.sweep import (
     SweepArgumentError,
+    SweepResult,
     expectation,
     launch_sweep,
     run_sweep,
@@ -224,6 +225,18 @@ def test_single_process_sweep_without_process_group(tmp_path):
     assert df.height == 4 == len(result.rows)
     assert df["backend"].unique().to_list() == ["none"] and df["tp"].unique().to_list() == [1]
     assert not df["fusion_missing"].any()  # tp=1: SP has nothing to rewrite, so none is missing
+
+
+def test_a_sweep_result_reads_in_one_line():
+    """The last expression of a notebook cell: the dataclass's own repr spelled out every row (40 lines)."""
+    from sp_lab.bench.progress import SweepTally
+
+    rows = [{"num_tokens": t, "variant": "sp", "fusion_missing": t == 16} for t in range(1, 41)]
+    result = SweepResult(rows=rows, skipped=4, store_dir="out/sweeps", sweep_id="s1")
+    assert repr(result) == ("SweepResult(40 rows measured now, 4 points reused, fusion missing in 1; "
+                            "sweep s1 in out/sweeps)")
+    counted = dataclasses.replace(result, tally=SweepTally(total=44, measured=44))
+    assert repr(counted) == "SweepResult(44 of 44 points measured now, fusion missing in 1; sweep s1 in out/sweeps)"
 
 
 def test_bad_arguments_are_named():

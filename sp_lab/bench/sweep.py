@@ -173,6 +173,14 @@ class SweepResult:
         """Rows whose variant's transformation did not run."""
         return [r for r in self.rows if r["fusion_missing"]]
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own spelled out every row: 40 lines under a notebook cell): what was measured,
+        reused and where the rows are; the rows themselves are in :attr:`rows`."""
+        done = (self.tally.describe() if self.tally is not None
+                else f"{len(self.rows)} rows measured now, {self.skipped} points reused")
+        missing = f", fusion missing in {len(self.fusion_missing)}" if self.fusion_missing else ""
+        return f"SweepResult({done}{missing}; sweep {self.sweep_id} in {self.store_dir})"
+
 
 def _check_token_counts(token_counts: Sequence[int]) -> list[int]:
     counts = list(token_counts)
