@@ -257,11 +257,39 @@ def test_a_dtensor_input_is_keyed_by_its_placements():
     assert sharded[0] == "dtensor" and sharded[2] == plain and sharded != replicated
 
 
+def test_the_key_ignores_the_order_of_a_dicts_items_and_reads_any_value(graph):
+    # The effective config is a dict built by code that may list its items in another order; a value JSON cannot
+    # write (a torch.device, a dtype) is keyed by its text rather than refused.
+    assert _key(graph, effective=dict(reversed(EFFECTIVE.items()))) == _key(graph)
+    typed = _key(graph, effective={**EFFECTIVE, "device": torch.device("cpu"), "dtype": torch.bfloat16})
+    assert typed == _key(graph, effective={**EFFECTIVE, "device": "cpu", "dtype": "torch.bfloat16"})
+
+
 def test_the_cache_lives_where_the_environment_says(monkeypatch, tmp_path):
     monkeypatch.setenv("SP_LAB_CACHE_DIR", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"
     monkeypatch.setenv("SP_LAB_CACHE_DIR", "off")
     assert cache_dir() is None
-    monkeypatch.delenv("SP_LAB_CACHE_DIR")
-    default = cache_dir()
-    assert default is not None and default.parts[-2:] == (".cache", "sp_lab")
+    monkeypatch.setenv("SP_LAB_CACHE_DIR", "")  # empty: not set
+    assert cache_dir() is not None
+
+
+@pytest.mark.parametrize("marks, where", [(("pyproject.toml", ".git"), "checkout"), (("pyproject.toml",), "home"),
+                                          ((".git",), "home"), ((), "home")])
+def test_without_the_variable_a_checkout_keeps_its_cache_inside_else_the_home(monkeypatch, tmp_path, marks, where):
+    """sp_lab run from a checkout (a pyproject.toml and a .git beside sp_lab/) keeps the cache in it (git-ignored);
+    an installed sp_lab (site-packages has neither) uses the home directory's."""
+    from sp_lab.compiler import artifact_cache
+
+    checkout = tmp_path / "checkout"
+    (checkout / "sp_lab" / "compiler").mkdir(parents=True)
+    for mark in marks:
+        if mark == ".git":
+            (checkout / mark).mkdir()
+        else:
+            (checkout / mark).write_text("")
+    monkeypatch.delenv("SP_LAB_CACHE_DIR", raising=False)
+    monkeypatch.setattr(artifact_cache, "__file__", str(checkout / "sp_lab" / "compiler" / "artifact_cache.py"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    expected = (checkout if where == "checkout" else tmp_path / "home") / ".cache" / "sp_lab"
+    assert cache_dir() == expected
