@@ -108,7 +108,9 @@ def _guards(expression: str) -> TokenGuards:
 
 
 def test_find_returns_only_a_capture_whose_guards_hold():
-    shared = SharedCaptures(torch.nn.Identity())
+    model = torch.nn.Identity()
+    shared = SharedCaptures(model)
+    assert shared.model is model and len(shared) == 0  # sp_lab.compile refuses the captures of another model by it
     key = ("signature", None)
     large, small = _Stub(_guards("s0 > 8"), "large"), _Stub(_guards("s0 <= 8"), "small")
     shared.add(key, large)
