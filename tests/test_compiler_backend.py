@@ -16,6 +16,7 @@ Regenerate the saved report with ``python tests/test_compiler_backend.py --write
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,12 @@ def test_boundary_none_fails_with_a_clear_error(fake, inplace):
     # Out of place the shard leaves as an output (the next piece's input guard fails at run time); in place it
     # leaves through functionalization's copy_ epilogue (fails while compiling).
     assert failures[0].check == ("copy_epilogue" if inplace else "assert_size_stride")
+    # The model's own name, as the boundary table gives it (not Dynamo's ``hidden`` nor AOT's ``arg3_1``), and
+    # shapes in the tables' notation: the token count is N, never a compiler symbol such as s37.
+    assert failures[0].tensor == "residual" and "sharded tensor 'residual' at piece 2" in message, message
+    got = "ceil(N/2)" if inplace else str(12 // TP)
+    assert f"expected shape [N, 64], got [{got}, 64]" in message, message
+    assert not re.search(r"\bs\d+\b", message), message
 
 
 def test_report_round_trips_through_json(fake):

@@ -25,11 +25,12 @@ import torch.distributed._functional_collectives as funcol
 
 import sp_lab
 from sp_lab.compiler import capture, inspection
-from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, guard_inputs
+from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs
 from sp_lab.compiler.passes import post_grad
 from sp_lab.compiler.passes.sequence_parallel import padded_shard_rows
 from sp_lab.compiler.ranges import CompileRange
 from sp_lab.compiler.report import (
+    BoundaryFailure,
     CompileReport,
     CopyEvent,
     FusionDecision,
@@ -128,6 +129,35 @@ def test_boundary_tensors_say_which_pieces_make_and_use_them(reports):
                     consumer = rng.pieces[piece]
                     if consumer.kind == "compiled" and boundary != "none":  # none: the known mismatch
                         assert consumer.inputs[i].shape == t.shape_after, (label, boundary, t.name)
+
+
+def test_piece_inputs_and_copies_take_the_models_names_in_every_strategy(reports):
+    """A piece's inputs that cross a boundary, and the epilogue ``copy_`` into the in-place residual, carry the
+    name the boundary table gives them (the failure message and the explorer read them there), not the graph's
+    own (Dynamo's ``hidden``, AOT's ``arg3_1``)."""
+    for (label, boundary), report in reports.items():
+        rng = report.range_for(12)
+        crossing = 0
+        for b in rng.boundaries:
+            for t in b.tensors:
+                for piece, i in t.consumer_inputs:
+                    if piece == b.before_piece:
+                        crossing += 1
+                        assert rng.pieces[piece].inputs[i].name == t.name, (label, boundary, piece, i, t.name)
+        assert crossing >= 3, (label, boundary)  # the residual and positions into piece 2, the residual into 4
+        targets = [c.target for p in rng.pieces for c in p.copies]
+        if label == "toy_inplace" and boundary != "sharded":  # sharded: the residual never leaves as a copy
+            assert targets == ["residual", "residual"], (boundary, targets)
+
+
+def test_a_boundary_error_writes_shapes_as_the_tables_do():
+    failure = BoundaryFailure(2, "residual", "copy_epilogue", ("s37", 256), ("((s37 + 1)//2)", 256),
+                              "expand: attempting to expand a dimension of length ((s37 + 1)//2) -> s37!", 1, 64)
+    message = explain(failure, "none")
+    assert "sharded tensor 'residual' at piece 2" in message
+    assert "expected shape [N, 256], got [ceil(N/2), 256]" in message, message
+    assert message.endswith("expand a dimension of length ceil(N/2) -> N!"), message
+    assert "s37" not in message
 
 
 def test_sharded_boundaries_carry_the_residual_as_a_shard(reports):

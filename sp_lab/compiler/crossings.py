@@ -17,7 +17,7 @@ from sp_lab.compiler.report import BoundaryCrossing, BoundaryRecord, PieceRecord
 from sp_lab.compiler.split import SplitGraph
 from sp_lab.compiler.tensor_names import TensorNames
 
-__all__ = ["record_boundaries"]
+__all__ = ["input_names", "record_boundaries"]
 
 
 def record_boundaries(
@@ -37,30 +37,18 @@ def record_boundaries(
     ``[1, N, H]``). Names come from ``names`` (the model's, identical in every strategy).
     """
     tokens: Any = math.prod(token_shape)
-    index_of = {n: next(p.index for p in split.pieces if p.name == n.target)
-                for n in split.module.graph.nodes if n.op == "call_module"}
+    index_of = _piece_index(split)
     records = {p.index: p for p in pieces}
-
-    def producer(node: fx.Node) -> tuple[fx.Node, int | None] | None:
-        if node.op == "call_module":
-            return node, None
-        if node.op == "call_function" and node.args and node.args[0] in index_of:
-            return node.args[0], node.args[1]
-        return None
 
     boundaries = []
     for piece in split.pieces:
         if piece.splitting_op is None:
             continue
         crossing = []
-        for node in split.module.graph.nodes:
-            made = producer(node)
+        for node, source, out_index in _crossing(split, piece.index, index_of):
             val = values.get(node)
-            if made is None or index_of[made[0]] >= piece.index or not isinstance(val, torch.Tensor):
+            if not isinstance(val, torch.Tensor):
                 continue
-            if not any(index_of.get(u, -1) >= piece.index for u in node.users):
-                continue
-            source, out_index = made
             outputs = records[index_of[source]].outputs if index_of[source] in records else ()
             output = next((o for o in outputs if o.index == (out_index or 0)), None)
             after = (output.shape if output is not None else None) or shape_json(val)
@@ -98,6 +86,50 @@ def record_boundaries(
                                    after_piece=piece.index - 1, before_piece=piece.index + 1,
                                    tensors=tuple(crossing)))
     return boundaries
+
+
+def input_names(split: SplitGraph, names: TensorNames) -> dict[tuple[int, int], str]:
+    """The model's name of every piece input that an earlier piece made: ``(piece index, position among its
+    inputs) -> name``, the name the boundary just before that piece records for it (``residual``, not Dynamo's
+    ``hidden`` nor AOT's ``arg3_1``). Known before any piece compiles, so a failure while compiling one (the
+    kept ``copy_`` of strategy ``none``) names its tensor as the boundary table does."""
+    index_of = _piece_index(split)
+    found: dict[tuple[int, int], str] = {}
+    boundary = 0
+    for piece in split.pieces:
+        if piece.splitting_op is None:
+            continue
+        for node, source, out_index in _crossing(split, piece.index, index_of):
+            for user in node.users:
+                if user.op == "call_module" and index_of[user] == piece.index + 1:
+                    name = names.lookup(boundary, _made_in_piece(split, source, out_index)).name
+                    for position, arg in enumerate(user.args):
+                        if arg is node:
+                            found[index_of[user], position] = name
+        boundary += 1
+    return found
+
+
+def _piece_index(split: SplitGraph) -> dict[fx.Node, int]:
+    """Each ``call_module`` node of the split graph -> the index of the piece it calls."""
+    return {n: next(p.index for p in split.pieces if p.name == n.target)
+            for n in split.module.graph.nodes if n.op == "call_module"}
+
+
+def _crossing(split: SplitGraph, cut: int, index_of: dict[fx.Node, int]) -> list[tuple[fx.Node, fx.Node, int | None]]:
+    """``(node, producing call, output index)`` for every value made before piece ``cut`` and used at or after
+    it: what crosses the splitting op at ``cut``."""
+    out = []
+    for node in split.module.graph.nodes:
+        if node.op == "call_module":
+            source, out_index = node, None
+        elif node.op == "call_function" and node.args and node.args[0] in index_of:
+            source, out_index = node.args[0], node.args[1]
+        else:
+            continue
+        if index_of[source] < cut and any(index_of.get(u, -1) >= cut for u in node.users):
+            out.append((node, source, out_index))
+    return out
 
 
 def _made_in_piece(split: SplitGraph, call: fx.Node, out_index: int | None) -> fx.Node:

@@ -28,6 +28,7 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from sp_lab.compiler.report import BoundaryFailure, PieceRecord
+from sp_lab.compiler.shape_text import format_shape, format_symbols
 
 if TYPE_CHECKING:
     from sp_lab.compiler.report import RangeReport
@@ -77,13 +78,17 @@ def guard_inputs(fn: Callable, record: Callable[[], PieceRecord], report: RangeR
 
 
 def explain(failure: BoundaryFailure, boundary: str = "none") -> str:
+    """The :class:`BoundaryError` message: the model's name for the tensor, both shapes with the token count
+    written ``N`` (as the explorer's tables write them), the fix, and Inductor's words in the same notation
+    (the raw text stays in ``failure.message`` and in the chained exception)."""
     where = f" in range [{failure.lo}, {failure.hi}]" if failure.lo is not None else ""
     return (
         f"boundary='{boundary}'{where}: sequence parallelism sharded tensor {failure.tensor!r} at piece "
-        f"{failure.piece} ({failure.check} failed: expected shape {_shape(failure.expected_shape)}, got "
-        f"{_shape(failure.actual_shape)}). The residual leaves the piece as a token shard while the next piece "
-        "was compiled for the full token count. Use boundary='gather' (re-gather at every boundary) or "
-        "'sharded' (keep the residual sharded and compile pieces for it). Inductor said: " + failure.message
+        f"{failure.piece} ({failure.check} failed: expected shape {format_shape(failure.expected_shape)}, got "
+        f"{format_shape(failure.actual_shape)}, N = tokens in the forward). The residual leaves the piece as a "
+        "token shard while the next piece was compiled for the full token count. Use boundary='gather' "
+        "(re-gather at every boundary) or 'sharded' (keep the residual sharded and compile pieces for it). "
+        "Inductor said: " + format_symbols(failure.message)
     )
 
 
@@ -129,8 +134,3 @@ def _messages(error: BaseException) -> list[str]:
 
 def _first_dim(shape: tuple | None) -> str | None:
     return str(shape[0]).strip() if shape else None
-
-
-def _shape(shape: tuple | None) -> list | None:
-    return list(shape) if shape is not None else None
-

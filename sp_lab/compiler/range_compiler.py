@@ -27,7 +27,7 @@ from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.fx_passes.post_grad import remove_noop_ops
 
-from sp_lab.compiler.crossings import record_boundaries
+from sp_lab.compiler.crossings import input_names, record_boundaries
 from sp_lab.compiler.cudagraphs import CudaGraphPiece
 from sp_lab.compiler.failures import BoundaryError, copy_epilogue_failure, explain, guard_inputs, in_range
 from sp_lab.compiler.fake_inputs import TokenGuards, meta_devices_to_cpu, range_inputs
@@ -205,7 +205,8 @@ class RangeCompiler:
         walk = _PieceWalk(split.module, split)
         with fake_mode:
             walk.run(*fake_inputs)
-            compiled = self._compile_pieces(walk.jobs, pieces, sp=in_piece_sp)
+            compiled = self._compile_pieces(walk.jobs, pieces, sp=in_piece_sp,
+                                            names=input_names(split, self.names))
         self.report.pieces = [compiled[x.name].record if isinstance(x, _PieceJob) else x for x in walk.order]
         token_node = [n for n in split.module.graph.nodes if n.op == "placeholder"][self.token_index]
         self.report.boundaries = record_boundaries(
@@ -224,37 +225,45 @@ class RangeCompiler:
 
         return run
 
-    def _compile_pieces(self, jobs: list[_PieceJob], pieces: PieceCompiler, *, sp: bool) -> dict[str, CompiledPiece]:
+    def _compile_pieces(self, jobs: list[_PieceJob], pieces: PieceCompiler, *, sp: bool,
+                        names: dict[tuple[int, int], str]) -> dict[str, CompiledPiece]:
         """Every piece of the walk, compiled, by name. A piece that another process is compiling at this moment is
         left for last, then loaded from the cache: the ranks of a launch split a range's pieces between them, each
-        taking the next one nobody holds, instead of each generating all of them (``piece_compilers``)."""
+        taking the next one nobody holds, instead of each generating all of them (``piece_compilers``).
+
+        ``names``: the model's name of each piece input an earlier piece made (``crossings.input_names``)."""
         done: dict[str, CompiledPiece] = {}
         held = []
         for job in jobs:
-            compiled = self._compile_piece(job, pieces, sp=sp, wait=False)
+            compiled = self._compile_piece(job, pieces, sp=sp, wait=False, names=names)
             if compiled is None:
                 held.append(job)
             else:
                 done[job.name] = compiled
         for job in held:
-            done[job.name] = self._compile_piece(job, pieces, sp=sp, wait=True)
+            done[job.name] = self._compile_piece(job, pieces, sp=sp, wait=True, names=names)
         return done
 
-    def _compile_piece(self, job: _PieceJob, pieces: PieceCompiler, *, sp: bool, wait: bool) -> CompiledPiece | None:
+    def _compile_piece(self, job: _PieceJob, pieces: PieceCompiler, *, sp: bool, wait: bool,
+                       names: dict[tuple[int, int], str]) -> CompiledPiece | None:
         """``job`` compiled (or served by an identical piece of this range); None when ``wait`` is off and another
         process is compiling it."""
         submod, args, index, name = job
+        named = {position: n for (piece, position), n in names.items() if piece == index}
         fingerprint = structural_fingerprint(submod, args)
         if fingerprint in self._dedup:
             hit = self._dedup[fingerprint]
-            return dataclasses.replace(hit, record=dataclasses.replace(
-                hit.record, index=index, name=name, cache_hit=True, compile_time_s=0.0))
+            return dataclasses.replace(hit, record=_with_model_names(dataclasses.replace(
+                hit.record, index=index, name=name, cache_hit=True, compile_time_s=0.0), named))
         passes = self._passes(sp=sp, boundary=self.config.boundary, index=index, name=name)
         start = time.perf_counter()
         try:
             compiled = pieces(submod, args, passes, wait=wait)
         except Exception as e:
-            failure = copy_epilogue_failure(e, passes.record)
+            record = passes.record
+            if record is not None:
+                record = _with_model_names(dataclasses.replace(record, inputs=_input_specs(submod, args)), named)
+            failure = copy_epilogue_failure(e, record)
             if failure is None:
                 raise
             failure = in_range(failure, self.range.lo, self.range.hi)
@@ -265,8 +274,9 @@ class RangeCompiler:
         record = dataclasses.replace(
             compiled.record, compile_time_s=time.perf_counter() - start, fingerprint=fingerprint, cache_hit=False,
             inductor_cache_hit=compiled.inductor_cache_hit, inputs=_input_specs(submod, args))
+        # Kept under the graph's own names: an identical piece of another layer takes the model's names of its inputs.
         self._dedup[fingerprint] = compiled = dataclasses.replace(compiled, record=record)
-        return compiled
+        return dataclasses.replace(compiled, record=_with_model_names(record, named))
 
 
 class _PieceJob(NamedTuple):
@@ -314,3 +324,21 @@ class _PieceWalk(fx.Interpreter):
 def _input_specs(gm: fx.GraphModule, inputs: list[Any]) -> tuple:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return tuple(tensor_spec(p.name, x) for p, x in zip(placeholders, inputs))
+
+
+def _with_model_names(record: PieceRecord, named: dict[int, str]) -> PieceRecord:
+    """``record`` with the inputs an earlier piece made, and the ``copy_``s into them, under the model's names
+    (``named``: position among the piece's inputs -> name) instead of the graph's (Dynamo's ``hidden``, AOT's
+    ``arg3_1``), so the failure message, the boundary table and the explorer name one tensor alike.
+
+    A copy's target is a placeholder of the graph the passes saw (AOT's, one per piece input, in order), found by
+    its position there; the record's snapshot of that graph gives the order. Other inputs keep their names.
+    """
+    if not named:
+        return record
+    inputs = tuple(dataclasses.replace(spec, name=named.get(i, spec.name)) for i, spec in enumerate(record.inputs))
+    seen = [n.name for n in record.graph_before.nodes if n.op == "placeholder"] if record.graph_before else []
+    position = {n: i for i, n in enumerate(seen)} if len(seen) == len(record.inputs) else {}
+    copies = tuple(dataclasses.replace(c, target=named.get(position.get(c.target, -1), c.target))
+                   for c in record.copies)
+    return dataclasses.replace(record, inputs=inputs, copies=copies)

@@ -7,7 +7,6 @@ layers are collapsed into one :class:`PieceGroup` so an 80-layer model reads as 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from sp_lab.compiler.report import (
     PieceRecord,
     RangeReport,
 )
+from sp_lab.compiler.shape_text import format_shape, format_size
 from sp_lab.viz.report_input import as_report, range_label, report_provenance, resolve_range
 
 if TYPE_CHECKING:
@@ -45,35 +45,6 @@ ABBREVIATION_KEY = "<br>".join((
     " · ".join(f"{a} = {_MEANINGS[a]}" for a in ("AG+mm", "mm+RS")),
     "B/tok = bytes per token on one rank · N = tokens in the forward"))
 """The key to every abbreviation the explorer's figures print (drawn under each of them)."""
-
-
-_SYMBOL = re.compile(r"\bs\d+\b")
-_CEIL_DIV = re.compile(r"\(\(N \+ (\d+)\)//(\d+)\)")
-_FLOOR_DIV = re.compile(r"\(N//(\d+)\)")
-_WRAPPED = re.compile(r"\(((?:ceil|floor)\(N/\d+\))\)")
-
-
-def format_size(size: int | str) -> str:
-    """One dimension in the model's terms: the token count is ``N`` (sp_lab makes only the token dimension
-    symbolic, so every compiler symbol ``s37``, ``s72``, ... is it), and a token shard reads ``ceil(N/2)``
-    instead of ``((s37 + 1)//2)``. Ints stay as they are."""
-    if isinstance(size, int):
-        return str(size)
-    text = _SYMBOL.sub("N", str(size))
-    text = _CEIL_DIV.sub(lambda m: (f"ceil(N/{m[2]})" if int(m[1]) + 1 == int(m[2])
-                                    else f"floor((N+{m[1]})/{m[2]})"), text)
-    text = _FLOOR_DIV.sub(lambda m: f"floor(N/{m[1]})", text)
-    while _WRAPPED.search(text):
-        text = _WRAPPED.sub(r"\1", text)
-    return text
-
-
-def format_shape(shape: Sequence[int | str] | None) -> str:
-    """``["((s37 + 1)//2)", 4096]`` -> ``"[ceil(N/2), 4096]"``: the one shape formatter of the overview, the
-    drill-down, the tensor links and the tables (:func:`format_size` per dimension)."""
-    if shape is None:
-        return "[?]"
-    return "[" + ", ".join(format_size(d) for d in shape) + "]"
 
 
 def ops_summary(counts: dict[str, int], keys: Sequence[str] = COLLECTIVE_KEYS) -> str:

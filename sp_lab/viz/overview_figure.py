@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
+from sp_lab.compiler.shape_text import format_symbols
 from sp_lab.viz.overview import (
     ABBREVIATION_KEY,
     BoundaryLabel,
@@ -161,7 +162,7 @@ class _LaneDrawing:
                 key=f"tensor:{boundary.index}:{i}")
             y -= _LINE_H
         for f in boundary.failures:
-            self.fails.add(x, y, f"<b>{f.text}</b>", f"{f.check} on {f.tensor}<br>{f.message}")
+            self.fails.add(x, y, f"<b>{f.text}</b>", f"{f.check} on {f.tensor}<br>{format_symbols(f.message)}")
             y -= 3 * _LINE_H  # the failure label has three lines (check, expected, got)
         self.deepest = min(self.deepest, y)
         return y
@@ -229,7 +230,8 @@ class _LaneDrawing:
         self.labels.add(w / 2, 0.5, "<b>compile failed</b><br>no pieces were built", "the range did not compile")
         y = -0.3
         for f in self.data.failures:
-            self.fails.add(w / 2, y, f"<b>{f.text}</b><br>on {f.tensor}", f"{f.check} on {f.tensor}<br>{f.message}")
+            self.fails.add(w / 2, y, f"<b>{f.text}</b><br>on {f.tensor}",
+                           f"{f.check} on {f.tensor}<br>{format_symbols(f.message)}")
             y -= 4 * _LINE_H
         self.deepest, self.x = y, w
 
