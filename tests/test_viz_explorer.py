@@ -406,6 +406,33 @@ def test_tables(reports):
     assert graph.range_table(reports[("toy_inplace", "none")])["compiled"].to_list() == [True, False]
 
 
+def test_the_notebooks_tables_are_shown_whole_at_its_width(reports):
+    """What notebook 1 shows: op counts by token count and the passes' matches per piece. polars cut them at the
+    right (column names such as fused_matmul_reduce_scatter); compact() names columns as the figures abbreviate
+    them and rounds floats, and show_whole_tables() has polars print every row and column."""
+    from sp_lab.viz.tables import NOTEBOOK_CHARS, compact
+
+    def width(table: pl.DataFrame) -> int:
+        return max(len(line) for line in str(table).splitlines())
+
+    report = reports[("llama", "gather")]
+    ops = pl.DataFrame([{"num_tokens": t, **report.op_counts(t), "sp_rewrites": report.sp_rewrites(t),
+                         "fusion_fired": report.fusion_fired(t)} for t in (5, 12, 64)])
+    matches = graph.piece_table(report).select("range", "piece", "kind", "op", "match_sp_first", "match_sp_middle",
+                                               "match_sp_last", "match_async_tp_ag_mm", "match_async_tp_mm_rs",
+                                               "compile_time_s")
+    with pl.Config():  # restores polars' settings afterwards
+        graph.show_whole_tables()
+        for table in (ops, matches):
+            shown = compact(table)
+            assert width(table) > NOTEBOOK_CHARS >= width(shown), (width(table), width(shown))
+            assert shown.height == table.height and shown.width == table.width and "…" not in str(shown)
+        assert compact(ops).columns == ["tokens", "AR", "RS", "AG", "AG+mm", "mm+RS", "mm", "SP rewrites", "fused"]
+        assert compact(matches)["compile s"].to_list() == matches["compile_time_s"].round(2).to_list()
+        wide = pl.DataFrame({f"column_{i}": range(40) for i in range(20)})
+        assert "…" not in str(wide) and str(wide).count("\n") > 40  # every row and column
+
+
 # ------------------------------------------------------------------------------------------ export
 
 def test_save_html_writes_all_figures(tmp_path, reports):

@@ -47,7 +47,7 @@ from sp_lab.viz.piece_diff import DiffRegion, PieceDiffData, piece_diff_data
 from sp_lab.viz.piece_figure import build_piece_figure
 from sp_lab.viz.piece_graph import GraphNode, PieceGraph, collapse
 from sp_lab.viz.report_input import as_report, load_report, range_label, report_provenance
-from sp_lab.viz.tables import piece_table, range_table, show_whole_tables
+from sp_lab.viz.tables import compact, piece_table, range_table, show_whole_tables
 from sp_lab.viz.tensor_links import TensorLinks, tensor_links
 
 if TYPE_CHECKING:
@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BoundaryLabel", "DiffRegion", "ErasedCopy", "FailureMark", "GraphNode", "GraphvizMissing", "OverviewData",
     "PieceBox", "PieceDiffData", "PieceGraph", "PieceGroup", "TensorLinks",
-    "as_report", "build_compare_figure", "build_overview_figure", "build_piece_figure", "collapse", "compare_data",
+    "as_report", "build_compare_figure", "build_overview_figure", "build_piece_figure", "collapse", "compact",
+    "compare_data",
     "crossing_text",
     "dot_layout", "emit_trace", "format_shape", "load_report", "ops_summary", "overview_data", "piece_diff_data",
     "piece_table", "plot_compare", "plot_overview", "plot_piece", "range_label", "range_table", "range_title",

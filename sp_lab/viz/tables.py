@@ -12,7 +12,18 @@ from sp_lab.viz.report_input import as_report
 if TYPE_CHECKING:
     from sp_lab.viz.report_input import ReportSource
 
-__all__ = ["piece_table", "range_table", "show_whole_tables"]
+__all__ = ["NOTEBOOK_CHARS", "compact", "piece_table", "range_table", "show_whole_tables"]
+
+NOTEBOOK_CHARS = 115
+"""About what a notebook's output area shows of a table without cutting it at the right, in characters of polars'
+text form (its HTML form in JupyterLab is about as wide: some 830 px at 13 px)."""
+
+# The long column names of the tables, as the explorer's figures abbreviate them (OP_ABBREVIATIONS for the ops).
+_SHORT = {"num_tokens": "tokens", "enable_sp": "SP", "enable_async_tp": "AsyncTP", "compile_time_s": "compile s",
+          "static_tokens": "static N", "compile_mode": "mode", "erased_copies": "erased", "numerically_unsafe": "unsafe",
+          "sp_rewrites": "SP rewrites", "fusion_fired": "fused", "match_sp_first": "SP first",
+          "match_sp_middle": "SP middle", "match_sp_last": "SP last", "match_async_tp_ag_mm": "AG+mm",
+          "match_async_tp_mm_rs": "mm+RS", "cache_hit": "cached"}
 
 
 def piece_table(report: ReportSource) -> pl.DataFrame:
@@ -64,3 +75,16 @@ def show_whole_tables() -> None:
     pl.Config.set_tbl_cols(-1)
     pl.Config.set_fmt_str_lengths(120)
     pl.Config.set_tbl_width_chars(400)
+
+
+def compact(table: pl.DataFrame, *, digits: int = 2) -> pl.DataFrame:
+    """``table`` as a notebook shows it whole: long column names shortened (``enable_async_tp`` -> ``AsyncTP``,
+    ``fused_all_gather_matmul`` -> ``AG+mm``, ``match_sp_first`` -> ``SP first``) and floats rounded to ``digits``.
+    Any sp_lab table (:func:`piece_table`, :func:`range_table`, op counts by token count); other columns keep
+    their names."""
+    from sp_lab.viz.overview import OP_ABBREVIATIONS
+
+    short = {**_SHORT, **{str(k): v for k, v in OP_ABBREVIATIONS.items()}}
+    floats = [c for c, t in table.schema.items() if t.is_float()]
+    return table.with_columns(pl.col(floats).round(digits)).rename({c: short[c] for c in table.columns if c in short})
+
