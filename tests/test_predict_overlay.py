@@ -20,7 +20,10 @@ def test_tuner_overlay_is_drawn_apart_and_never_in_the_regret(tmp_path):
     rows = pl.DataFrame([_row(v, t) for v in LATENCY for t in TOKENS])
     tuner = tune("toy", tp=2, token_counts=TOKENS, store_dir=None, export_dir=tmp_path, replay=rows)
     regret, rec = tuner.state.regret(), tuner.state.recommendation()
+    height = tuner.figure.layout.height
     tuner.overlay_prediction("llama-3-70b", "h200", 8)
+    # Its legend rows (a group title and a curve each, below the plot) make the figure taller, not the plot smaller.
+    assert tuner.figure.layout.height == height + 20 * 4
     drawn = [t for t in tuner.figure.data if str(t.meta).startswith("predicted:")]
     assert {t.name for t in drawn} == {"baseline (predicted)", "sp (predicted)", "sp+async_tp (predicted)"}
     assert all(t.line.dash == "dash" and t.legendgroup == "predicted" for t in drawn)

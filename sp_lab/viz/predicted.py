@@ -52,6 +52,8 @@ def add_predicted_curves(fig: go.Figure, rows: pl.DataFrame, *, subplot: bool = 
             fig.add_trace(trace, row=1, col=1)
         else:
             fig.add_trace(trace)
+    if subplot and fig.layout.height:  # the legend's rows below the plot: a row for the group, one per curve
+        fig.update_layout(height=fig.layout.height + 20 * (1 + rows["variant"].n_unique()))
     return fig
 
 
