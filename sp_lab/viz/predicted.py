@@ -40,7 +40,8 @@ def add_predicted_curves(fig: go.Figure, rows: pl.DataFrame, *, subplot: bool = 
         raise ValueError(f"predicted curves need source={PREDICTED!r} rows only; got {sorted(rows['source'].unique())}")
     r0 = rows.row(0, named=True)
     title = f"predicted: {r0['model']}, {r0['device_name'].removeprefix('predicted: ')}"
-    for variant in [v for v in REFERENCE_VARIANTS if v in set(rows["variant"].to_list())]:
+    drawn = [v for v in REFERENCE_VARIANTS if v in set(rows["variant"].to_list())]
+    for variant in drawn:
         pts = rows.filter(pl.col("variant") == variant).sort("num_tokens")
         trace = go.Scatter(
             x=pts["num_tokens"].to_list(), y=pts["latency_us"].to_list(), name=f"{variant} (predicted)",
@@ -53,7 +54,7 @@ def add_predicted_curves(fig: go.Figure, rows: pl.DataFrame, *, subplot: bool = 
         else:
             fig.add_trace(trace)
     if subplot and fig.layout.height:  # the legend's rows below the plot: a row for the group, one per curve
-        fig.update_layout(height=fig.layout.height + 20 * (1 + rows["variant"].n_unique()))
+        fig.update_layout(height=fig.layout.height + 20 * (1 + len(drawn)))
     return fig
 
 
