@@ -349,6 +349,44 @@ def _side_of_shape() -> pl.DataFrame:
     return pl.DataFrame(sorted(pairs), schema={"n": pl.Int64, "k": pl.Int64, "side": pl.Utf8}, orient="row")
 
 
+FUSED_STEP_CALLS = {"ag": 2, "rs": 4}
+"""Host-side op calls a ``tp``-way fused op issues per remote chunk, beyond what its one-rank call issues, read off
+PyTorch's ``torch/distributed/_symmetric_memory/__init__.py`` (2.11-2.14): the all_gather side
+(``_pipelined_multi_all_gather_and_consume``) copies the peer's shard (``copy_``) and multiplies it (``mm.out``);
+the reduce_scatter side (``_pipelined_produce_and_all2all``) multiplies a chunk, waits at a barrier, copies the
+peer's partial and waits at a second barrier. A one-rank group runs neither loop (``range(1, 1)``), so the
+one-rank measurement holds none of these calls."""
+FUSED_RS_EXTRA_CALLS = 1
+"""The reduce_scatter side's one ``torch.cuda._sleep`` launch (it orders the two streams' first chunks), issued
+at any ``tp > 1`` and not on a one-rank group."""
+
+
+@cache
+def launch_host_us() -> float:
+    """Host time of one eager op call, from ``symm_mem_ws1.json``: the plain matmul at the smallest M measured,
+    where the device finishes first (its CUDA-graph time is below the eager one), so the eager loop's time per
+    call is the host's: Python, dispatch and launch."""
+    rows = json.loads(SYMM_MEM_WS1_JSON.read_text())["rows"]
+    row = min(rows, key=lambda r: r["M"])
+    if row["mm_ag_graph"] >= row["mm_ag_eager"]:
+        raise ValueError(f"{SYMM_MEM_WS1_JSON.name}: the smallest-M plain matmul is device-bound "
+                         f"(graph {row['mm_ag_graph']} us >= eager {row['mm_ag_eager']} us); no host-bound row")
+    return float(row["mm_ag_eager"])
+
+
+def fused_host_us(side: str, tp: int) -> float:
+    """Host time of one eager ``tp``-way fused call: the one-rank op's (``host_cost_us()[side]``, measured) plus
+    one :func:`launch_host_us` per op call the ``tp - 1`` remote chunks add (:data:`FUSED_STEP_CALLS`, and the
+    reduce_scatter side's sleep). A lower bound: the per-step Python (buffer views, stream switches) is not
+    counted."""
+    if side not in FUSED_STEP_CALLS:
+        raise ValueError(f"side must be one of {sorted(FUSED_STEP_CALLS)}, got {side!r}")
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    calls = (tp - 1) * FUSED_STEP_CALLS[side] + (FUSED_RS_EXTRA_CALLS if side == "rs" and tp > 1 else 0)
+    return host_cost_us()[side] + calls * launch_host_us()
+
+
 @cache
 def host_cost_us() -> dict[str, float]:
     """Host time of one eager call, from ``symm_mem_ws1.json``: ``"mm"`` (a plain matmul) and the fused ops

@@ -35,6 +35,7 @@ from sp_lab.tuning.predict.kernels import (
     MatmulTable,
     canonical_dtype,
     default_table,
+    fused_host_us,
     host_cost_us,
 )
 from sp_lab.tuning.predict.pipeline import PipelineTiming, run_pipeline
@@ -189,8 +190,7 @@ def predict_matmul(kernels: KernelModel, target: Target, shape: MatmulShape, tok
     kappa = 1.0 + target.contention_scale * (kernels.contention(m // tp, shape.n, shape.k, copy_gbps) - 1.0)
     pipe = run_pipeline([chunk] * tp, [copy] * (tp - 1), shape.side, kappa)
     if target.timing == "eager":
-        host = host_cost_us()
-        hosts = {"mm": host["mm"], "fused": host[shape.side]}
+        hosts = {"mm": host_cost_us()["mm"], "fused": fused_host_us(shape.side, tp)}
     else:
         hosts = {"mm": 0.0, "fused": 0.0}
     return MatmulPrediction(shape=shape, tokens=m, mm_us=mm, comm_us=comm,

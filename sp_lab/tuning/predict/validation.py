@@ -166,12 +166,19 @@ def miss_breakdown(fig: Figure) -> str:
         hidden = _spec_dims(s["model"])["hidden_size"]
         preds = [predict_matmul(kernels, target, shape, tokens, s["tp"], hidden)
                  for shape in tp_matmul_shapes(s["model"], s["tp"])]
-        return (f"one {s['model']} layer at the published {tokens} tokens on {s['tp']}x {target.gpu.label} "
-                f"({'collected' if target.tables else 'modelled'} tables): {s['against']} matmuls "
-                f"{_us(a['matmul_us'])} + all_reduce {_us(a['comm_us'])} ({a['all_reduce_impl']}) + norms "
+        text = (f"one {s['model']} layer at the published {tokens} tokens on {s['tp']}x {target.gpu.label} "
+                f"({'collected' if target.tables else 'modelled'} tables, {target.timing} timing): {s['against']} "
+                f"matmuls {_us(a['matmul_us'])} + all_reduce {_us(a['comm_us'])} ({a['all_reduce_impl']}) + norms "
                 f"{_us(a['norm_us'])} = {_us(a['latency_us'])}; {s['variant']} fused calls {_us(b['matmul_us'])} + "
                 f"norms {_us(b['norm_us'])} = {_us(b['latency_us'])}, the fused calls being "
-                f"{_device_terms(preds, s['tp'])}.")
+                f"{_device_terms(preds, s['tp'])}")
+        if target.timing == "eager":
+            device = sum(p.pipeline.total_us + p.overhead_us for p in preds)
+            host = sum(p.host_us["fused"] for p in preds)
+            graph, _ = predict_figure(dataclasses.replace(fig, setup={**s, "timing": "graph"}))
+            text += (f"; their host time {_us(host)} against that device time {_us(device)}. Timed as device time "
+                     f"(CUDA graphs) instead, the crossover is {_fmt(graph, fig.unit)}")
+        return text + "."
     return ""
 
 
@@ -305,8 +312,14 @@ follows and the prediction says so:
   peer, so no communication): fused minus plain matmul. The all_gather side stages the local `[T / tp, K]`
   shard (read at T / tp rows); the reduce_scatter side stages and reduces `[T, N]` partials (read at T rows).
   For unmeasured shapes a line `fixed + bytes / rate` fitted per side to the same rows.
-- **Eager host cost** (only for benchmarks that time eager calls): the same one-rank ops called eagerly
-  (`symm_mem_ws1.json`): ~0.2-0.33 ms per fused call.
+- **Eager host cost** (only for predictions timed as eager calls): the same one-rank ops called eagerly
+  (`symm_mem_ws1.json`: ~0.2-0.33 ms per fused call), plus what a one-rank group never runs: the op calls
+  PyTorch's fused ops issue per remote chunk (`torch/distributed/_symmetric_memory/__init__.py`: the
+  all_gather side a copy and a chunk matmul, the reduce_scatter side a chunk matmul, a barrier, a copy and a
+  second barrier, and one sleep launch), each at the host time of one eager op call (the plain matmul at the
+  smallest M measured, where the device finishes first: 15.6 us). At tp 8: ~0.55 ms per all_gather-side and
+  ~0.65 ms per reduce_scatter-side call. vLLM runs eagerly above its largest CUDA-graph size (default
+  min(2 x max_num_seqs, 512) tokens), so its SP thresholds are predicted with eager timing.
 - **Attention** (whole-layer predictions): `sp_lab::attention` on the H200 (`attention.json`, 32 heads of 128),
   in proportion to each rank's heads.
 - **Other GPUs**: each H200 time split into its memory-bound and compute-bound share (from the roofline fit)
@@ -357,21 +370,24 @@ _PAGE_TAIL = """
   tp-chunked matmuls re-read the weights once per chunk, which at small token counts costs several times a
   single matmul (measured, [measured-h200.md](measured-h200.md)), and each fused op carries a measured cost of
   its own. Figures from other fused kernels (Triton-distributed, or kernels without per-chunk launches) are
-  predicted pessimistically. The kraken table (PyTorch of mid-2025) shows the opposite: a fused time nearly flat
-  at ~0.6-0.75 ms over M = 512-2048, a fixed cost the one-rank measurement on torch 2.11 does not show, so there
-  the model is less pessimistic than the published figure.
-- Benchmark method matters most at small token counts: eager calls pay ~0.2-0.33 ms of host time per fused op,
-  so a published ratio there depends on the benchmark's own per-call overhead; the added time per call is the
-  comparable quantity. The term-by-term list under the table shows, for each miss, whether the model's value
-  is set by that host floor or by device time. Timed as device time (CUDA graphs) the vLLM #37489 ratios move
-  towards the published ones but stay misses: the chunk matmuls' weight re-reads, measured on the H200, cost
-  more than the hidden all_gather at those sizes.
+  predicted pessimistically.
+- Benchmark method matters most at small token counts: an eager fused call at tp 8 costs ~0.55-0.65 ms of host
+  time (the one-rank call plus the op calls of the tp - 1 remote chunks), which is the published fused time of
+  vLLM #37489 at M = 1 (548 us) and of the kraken table (0.61-0.76 ms, flat in M). Where the model still misses
+  there, the published unfused (baseline) time is above the model's device time for it: the benchmarks' own
+  per-call overhead, which the model has no measurement of. The term-by-term list under the table shows, for
+  each miss, whether the model's value is set by the host floor or by device time. Timed as device time (CUDA
+  graphs) the vLLM #37489 ratios at small M stay misses: the chunk matmuls' weight re-reads, measured on the
+  H200, cost more than the hidden all_gather at those sizes.
 - No term was adjusted to close a miss: a published figure decides nothing in the model.
 - Training figures (PyTorch's post, torchtitan) are end-to-end or forward-only training steps with backward,
   recomputation, FSDP and the optimizer; the model predicts one forward decoder layer.
-- On B200 the matmuls and collectives are collected, but the fused ops' own cost and overlap are H200
-  measurements scaled by datasheet peaks: the fused ops were never timed on Blackwell, where PyTorch's own issue
-  tracker reports them much slower at small M.
+- vLLM's SP thresholds sit where vLLM runs without CUDA graphs (above its largest capture size), so they are
+  predicted with eager timing; each call is taken as the larger of its device and host time, pessimistic for a
+  whole layer, so the CUDA-graph crossover (given term by term) is the lower end and the eager one the upper end.
+  On B200 the matmuls and collectives are collected, but the fused ops' own device cost and overlap are H200
+  measurements scaled by datasheet peaks, and the host times are the H200 host's; vLLM's own comment calls the
+  SM100 value "a more conservative threshold ... so TP8 starts later".
 - With collected tables the crossover band is narrow: the band moves the modelled inputs only (interconnect
   constants, which no longer set any collective, and contention), and the collected tables carry no spread.
 """
