@@ -140,6 +140,8 @@ def test_none_fails_at_the_guard_and_is_drawn_red(reports, model):
     (failure,) = data.failures
     assert failure.check == "assert_size_stride" and failure.piece == 2 and failure.boundary == 0
     assert data.boundaries[0].failures == (failure,)
+    # The model's name, as the boundary it crossed lists it (the report of an older compiler said Dynamo's "hidden").
+    assert failure.tensor == "residual" and "residual" in {t.name for t in data.boundaries[0].tensors}
     # Raised at the first call, 13 tokens: the piece was compiled for all of them and got ceil(13 / tp).
     assert str(failure.expected_shape[0]).startswith("s") and failure.actual_shape[0] == (13 + 1) // TP
     assert failure.expected_shape[1:] == failure.actual_shape[1:] == (HIDDEN[model],)
@@ -157,6 +159,7 @@ def test_in_place_none_fails_while_compiling_and_is_still_drawn(reports):
     (failure,) = data.failures
     assert failure.check == "copy_epilogue" and failure.piece == 2 and failure.boundary is None
     fig = graph.build_overview_figure(data)
+    assert failure.tensor == "residual" and "on residual" in _all_text(fig)  # not AOT's placeholder "arg3_1"
     title = fig.layout.title.text
     assert "compile failed" in title and "not compiled yet" not in title
     assert "copy_epilogue failed (piece 2)" in _all_text(fig) and any(t.name == "failed check" for t in fig.data)
@@ -167,6 +170,7 @@ def test_in_place_none_fails_while_compiling_and_is_still_drawn(reports):
 def test_gather_erase_marks_erased_copies_unsafe(reports):
     data = graph.overview_data(reports[("toy_inplace", "gather_erase")])
     assert data.range.numerically_unsafe and [e.piece for e in data.erased] == [2, 4]
+    assert [e.target for e in data.erased] == ["residual", "residual"]  # the copy_ into the model's residual
     assert "unsafe: copy_ erased" in _all_text(graph.build_overview_figure(data))
     # Out-of-place residuals have no copy_ to erase: the same strategy is safe there.
     safe = graph.overview_data(reports[("toy", "gather_erase")])
