@@ -37,7 +37,7 @@ HeuristicDefault = Literal["fuse", "no_fuse"]
 CudaGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
 
 SCHEMA = "sp_lab.config/1"
-DERIVED_SECTIONS = ("vllm", "model_sp", "torch_compile")
+DERIVED_SECTIONS = ("vllm", "model_sp", "torch_compile", "serving")
 """Sections of a tuned-config file derived from the ``sp_lab`` section (and the rows): written, never read back."""
 
 # "namespace::op" with an optional overload ("aten::mm.default"), as torch.library names ops.

@@ -56,12 +56,15 @@ def run(args: argparse.Namespace) -> int:
         sweep(args, store=store, variants=[TUNED], config=tuned, reports_dir=reports, progress=True)
     if not is_rank0():
         return 0
+    from sp_lab.serving.on_rows import serving_answer
     from sp_lab.tuning.export import describe_file
     from sp_lab.viz.sweep_report import ReportOverwriteError, write_report
 
     df = rows.one_setup(rows.one_source(rows.load_rows(store), MEASURED), swept.setup)[0]
+    # the report's serving section on the same rows (chat traffic, budget the largest count they cover); rows that
+    # cannot price a serving step give the reason, written into the file
     path = rows.export(df, tuned, out, recommendation=rec, chosen_in="python -m sp_lab run",
-                       vllm_release=args.vllm_release)
+                       vllm_release=args.vllm_release, traffic=serving_answer(df, config=tuned))
     print(f"[4/5] {describe_file(path)}")
     overview = reports / "sp+async_tp.json"
     try:

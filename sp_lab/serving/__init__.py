@@ -16,6 +16,8 @@ rows of each policy, and reports what the traffic would cost under each:
   tuned config), each a program per token count from :mod:`sp_lab.programs`;
 - :mod:`.verdict`: the report (step-size histogram, total time, throughput, TTFT / TPOT percentiles, the saving
   against baseline with its interval, the traffic-weighted threshold, one sentence).
+- :mod:`.on_rows`: a workload priced on a sweep's own rows (budget: the largest count they cover), shared by the HTML
+  report, the exported config's ``serving`` section and the tuner's traffic-weighted regret.
 
 Background, the scheduler's rules and their sources: ``docs/serving.md``.
 """

@@ -13,7 +13,10 @@ One file per device / tp / model / dtype (vLLM's fused-MoE naming), holding
 - ``torch_compile``: the settings that make Inductor's micro-pipeline TP fire and the tuned gate as a snippet,
   also written beside the file (``<file>.torch_compile.py``; :mod:`sp_lab.tuning.torch_compile_export`);
 - ``provenance``: the policy, its regret from :func:`sp_lab.tuning.regret.regret_table` (the same table the
-  tuner and the report show), the recommendation with its confidence, and :func:`data_hash` of the rows.
+  tuner and the report show), the recommendation with its confidence, and :func:`data_hash` of the rows;
+- ``serving`` (when :func:`export_config` is given ``traffic=``): the serving answer on the same rows
+  (:class:`sp_lab.serving.on_rows.ServingAnswer`: workload, scheduler limits, speedup against baseline with its
+  interval, the rows' source and setup, the sentence), or why the rows could not price it.
 
 :func:`describe_file` says all of that in a dozen lines: what runs from which token count, the command line,
 the machine it was tuned on (with a warning when that machine cannot answer the question) and a next step.
@@ -49,11 +52,12 @@ from sp_lab.vocabulary import PREDICTED, REHEARSAL, SIMULATED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
+    from sp_lab.serving.on_rows import ServingAnswer
     from sp_lab.tuning.policy import Recommendation
 
 __all__ = ["ExportError", "data_hash", "describe_file", "export_config", "export_tuned_config", "function_path",
-           "patch_path", "provenance", "snippet_path", "threshold_text", "torch_compile_section", "tuned_config_filename",
-           "vllm_section"]
+           "patch_path", "provenance", "serving_line", "snippet_path", "threshold_text", "torch_compile_section",
+           "tuned_config_filename", "vllm_section"]
 
 
 class ExportError(ValueError):
@@ -149,7 +153,8 @@ def export_tuned_config(config: LabConfig, *, directory: str | Path, device_name
 
 def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, *,
                   recommendation: Recommendation | None = None, chosen_in: str, vllm_release: str | None = None,
-                  matmul_rows: pl.DataFrame | None = None, allow_predicted: bool = False) -> Path:
+                  matmul_rows: pl.DataFrame | None = None, allow_predicted: bool = False,
+                  traffic: ServingAnswer | None = None) -> Path:
     """Write ``config`` (tuned on ``rows`` of one setup) with its provenance, and the model-level function beside
     it (``<file>.min_tokens_per_rank.py``); returns the config file's path.
 
@@ -158,7 +163,9 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
     :class:`~sp_lab.config.ConfigError` naming the supported range); ``matmul_rows``: per-matmul rows for
     per-shape model-level gates. Rows the performance model predicted (``source="predicted"``) are refused
     (:class:`ExportError`) unless ``allow_predicted``: exporting a config no GPU has confirmed is an explicit
-    choice, and the file then says ``source: predicted``.
+    choice, and the file then says ``source: predicted``. ``traffic``: the serving answer on these same rows
+    (:func:`sp_lab.serving.on_rows.serving_answer`), written as the ``serving`` section; one computed from other
+    rows is refused (:class:`ExportError`).
     """
     if rows.height == 0:
         raise ExportError("no rows: run a sweep (python -m sp_lab run) or replay recorded rows before exporting")
@@ -174,6 +181,9 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
     requested = vllm_release if vllm_release is not None else installed_release() or release
     row = rows.row(0, named=True)
     rows_hash = data_hash(rows)
+    if traffic is not None and traffic.rows_hash != rows_hash:
+        raise ExportError(f"the serving answer was computed from rows {traffic.rows_hash}, not these ({rows_hash}): "
+                          "compute it from the rows exported (sp_lab.serving.on_rows.serving_answer(rows))")
     model_sp = model_sp_table(rows, config, matmul_rows=matmul_rows, data_hash=rows_hash)
     served = served_model(str(row["model"]))
     vllm = vllm_section(rows, config, requested)
@@ -194,7 +204,8 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
         extra_provenance=provenance(rows, config, recommendation=recommendation, chosen_in=chosen_in),
         vllm_release=release,
         sections={"vllm": vllm, "model_sp": {**model_sp.to_dict(), **({"vllm": level.to_dict()} if level else {})},
-                  "torch_compile": torch_compile_section(config, provenance=tuned_on)},
+                  "torch_compile": torch_compile_section(config, provenance=tuned_on),
+                  **({"serving": traffic.to_dict()} if traffic is not None else {})},
     )
     function_path(path).write_text(model_sp.function_source())
     snippet_path(path).write_text(torch_compile_section(config, provenance=tuned_on)["snippet"])
@@ -252,6 +263,19 @@ def _cannot_answer(prov: dict[str, Any]) -> str | None:
         return ("gloo on CPU: collectives do not overlap with matmuls there and the fused kernels are sp_lab's "
                 "chunked CPU stand-ins, so this says nothing about GPUs")
     return None
+
+
+def serving_line(section: dict[str, Any]) -> str:
+    """A file's ``serving`` section in one line: its sentence (policy, verdict, speedup, interval, source), or why
+    the rows could not price the workload."""
+    workload, source = section.get("workload", "?"), section.get("source")
+    if "sentence" not in section:
+        return f"serving ({workload} traffic, {source} rows): not priced: {section.get('not_priced')}"
+    scheduler = section.get("scheduler") or {}
+    mine = section.get("this_config")
+    this = "" if not mine else f" This config: {mine['speedup_vs_baseline']:.2f}x vs baseline."
+    return (f"serving ({workload} traffic, budget {scheduler.get('max_num_batched_tokens')} tokens): "
+            f"{section['sentence']}{this}")
 
 
 def _installed_table_release() -> str | None:
@@ -327,6 +351,8 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
     else:
         how = (f"{snippet_path(path).name} fuses from {compiled['async_tp_min_tokens']} tokens of the whole batch "
                "(two compiled programs, picked per call)")
+    if "serving" in doc:
+        lines.append(f"  {serving_line(doc['serving'])}")
     lines.append("  torch.compile: micro-pipeline TP needs torch._inductor.config._micro_pipeline_tp = True and "
                  f"enable_symm_mem_for_group(group_name) on the TP group, and has no token gate of its own; {how}")
     if warning:

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from sp_lab.serving.on_rows import CONCURRENCY, REQUESTS
 from sp_lab.viz.latency import VARIANT_COLORS
 from sp_lab.vocabulary import describe_threshold
 
@@ -134,40 +135,25 @@ def plot_latencies(verdict: TrafficVerdict) -> go.Figure:
 
 
 # --------------------------------------------------------------------------------------------- the report
-def traffic_section_html(rows: pl.DataFrame, *, workload_name: str = "chat", requests: int = 300,
-                         concurrency: int = 64) -> str:
+def traffic_section_html(rows: pl.DataFrame, *, workload_name: str = "chat", requests: int = REQUESTS,
+                         concurrency: int = CONCURRENCY) -> str:
     """The HTML report's "on serving traffic" section: ``workload_name`` traffic (``requests`` requests from
-    ``concurrency`` users) scheduled under the report's own rows (one setup; measured or replayed rows before any
-    other source, never mixed), priced per policy. The budget is the largest token count the rows cover (at most
-    vLLM's 8192). Where the rows cannot price a serving step (no baseline or SP + AsyncTP curve, no row at one
-    token) the section says so instead."""
+    ``concurrency`` users) scheduled under the report's own rows and priced per policy
+    (:func:`sp_lab.serving.on_rows.rows_traffic`: one setup, measured or replayed rows before any other source,
+    never mixed; the budget is the largest token count the rows cover, at most vLLM's 8192). Where the rows cannot
+    price a serving step (no baseline or SP + AsyncTP curve, no row at one token) the section says so instead."""
     import html as html_lib
 
-    from sp_lab.serving.scheduler import SchedulerLimits
-    from sp_lab.serving.step_costs import LatencyCurves, SharedTerms
-    from sp_lab.serving.verdict import evaluate
-    from sp_lab.serving.workloads import workload
-    from sp_lab.tuning.regret import one_source
-    from sp_lab.vocabulary import BASELINE, MEASURED, PREDICTED, REHEARSAL, REPLAYED, SIMULATED, SP_ASYNC_TP
+    from sp_lab.serving.on_rows import rows_traffic
 
     head = "<h2>On serving traffic</h2>"
     try:
-        rows = one_source(rows, prefer=(MEASURED, REPLAYED, PREDICTED, REHEARSAL, SIMULATED))
-        curves = LatencyCurves.from_rows(rows, shared=SharedTerms(
-            description="none: the report prices the decoder layers alone (python -m sp_lab traffic --gpu adds the "
-                        "KV-cache and LM-head reads of a GPU)"))
-        first, last = zip(*(curves.coverage(v) for v in (BASELINE, SP_ASYNC_TP)), strict=True)
-        if max(first) > 1:
-            raise ValueError(f"the rows start at {max(first)} tokens; a decode step of one token cannot be priced "
-                             "(sweep from --tokens 1)")
-        budget = min(8192, min(last))
-        traffic = workload(workload_name).traffic(requests, concurrency=concurrency, max_model_len=8192)
-        verdict = evaluate(curves, traffic, limits=SchedulerLimits(budget, min(1024, budget)))
+        priced = rows_traffic(rows, workload_name, requests=requests, concurrency=concurrency)
+        verdict = priced.verdict()
     except ValueError as e:
         return f"{head}<p class='warn'>Not priced on serving traffic: {html_lib.escape(str(e))}</p>"
-    figure = plot_step_sizes(verdict, curves).to_html(full_html=False, include_plotlyjs=False)
+    figure = plot_step_sizes(verdict, priced.curves).to_html(full_html=False, include_plotlyjs=False)
     return (f"{head}<p><b>[{verdict.source}]</b> {html_lib.escape(verdict.sentence)}</p>"
-            f"<p>{html_lib.escape(traffic.describe())}; a vLLM-style scheduler with a budget of {budget} tokens "
-            "(the largest count the rows cover) -- <code>python -m sp_lab traffic</code> prices your own "
+            f"<p>{html_lib.escape(priced.describe())} -- <code>python -m sp_lab traffic</code> prices your own "
             "traffic (docs/serving.md).</p>"
             f"<pre>{html_lib.escape(verdict.text())}</pre>{figure}")

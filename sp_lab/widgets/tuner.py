@@ -5,7 +5,9 @@ Two layers, so that everything but the drawing is testable without a browser:
 - :class:`TunerState` holds the rows (live, replayed, or a predicted demo), the chosen policy (which variant
   below and above the threshold, and the threshold or "never") and the setup, and answers every
   question the view asks: the config's curve and regret (:func:`sp_lab.tuning.regret.regret_table`,
-  the one regret), the recommendation with its confidence (:func:`sp_lab.tuning.policy.recommend`),
+  the one regret; with a workload chosen, also weighted by that traffic's share of step time per token count,
+  :func:`sp_lab.serving.on_rows.weighted_regret`), the recommendation with its confidence
+  (:func:`sp_lab.tuning.policy.recommend`),
   vLLM's reference threshold, the tuned :class:`~sp_lab.config.LabConfig` and its export
   (:func:`sp_lab.tuning.export.export_config`). It owns no latency logic of its own.
 - :class:`Tuner` is the ipywidgets view: controls, the latency figure redrawn (a
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from sp_lab.bench.setups import Setup, SetupChoice
     from sp_lab.bench.sweep import SweepResult
     from sp_lab.config import LabConfig
+    from sp_lab.serving.on_rows import WeightedRegret
 
 SHAPES = {f"{BASELINE} -> {SP_ASYNC_TP}": (BASELINE, SP_ASYNC_TP), f"{BASELINE} -> {SP}": (BASELINE, SP),
           f"{SP} -> {SP_ASYNC_TP}": (SP, SP_ASYNC_TP)}
@@ -71,6 +74,9 @@ SHAPES = {f"{BASELINE} -> {SP_ASYNC_TP}": (BASELINE, SP_ASYNC_TP), f"{BASELINE} 
 
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Token counts a live sweep measures unless told otherwise."""
+
+PER_COUNT = "per token count"
+"""The workload control's choice that weights no traffic: the regret per token count only."""
 
 _RUN_FIRST = "tuner.run_sweep() or the Run sweep button; or replay recorded rows: tuner.replay(STORE_DIR)"
 
@@ -142,6 +148,9 @@ class TunerState:
     """Which setup the last replay chose, and the others its rows hold."""
     predicted: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
     """Predicted curves drawn beside the rows (``source="predicted"``); never in the regret or recommendation."""
+    workload: str | None = None
+    """A named workload (:mod:`sp_lab.serving.workloads`) the regret is also weighted by
+    (:meth:`traffic_regret`); ``None``: the regret per token count only."""
 
     def __post_init__(self) -> None:
         if self.config is None:
@@ -345,6 +354,17 @@ class TunerState:
         except ValueError:  # no rows yet, or the policy runs a variant not measured (yet)
             return pl.DataFrame()
 
+    def traffic_regret(self) -> WeightedRegret:
+        """The regret of the tuned config weighted by :attr:`workload` scheduled on the rows
+        (:func:`sp_lab.serving.on_rows.weighted_regret`: each token count by its share of baseline's step time, the
+        budget the largest count the rows cover). ``ValueError`` saying why there is none: no workload chosen, no
+        regret yet, or rows that cannot price a serving step."""
+        from sp_lab.serving.on_rows import weighted_regret
+
+        if self.workload is None:
+            raise ValueError("no workload chosen: pick one (workload='chat', ...) to weight the regret by its traffic")
+        return weighted_regret(self._reference_rows(), self.regret(), self.workload)
+
     def gated(self) -> pl.DataFrame:
         """``num_tokens, latency_us, variant_run``: what the tuned config runs at each measured token count."""
         table = self.regret()
@@ -455,6 +475,11 @@ class Tuner:
                                             "H200s: not measured", layout=w.Layout(**button))
         self.progress = w.IntProgress(value=0, min=0, max=max(state.total, 1), description="0 / 0")
         self.shape = w.Dropdown(options=list(SHAPES), value=self._shape_label(), description="policy")
+        from sp_lab.serving.workloads import workload_names
+
+        self.workload = w.Dropdown(options=[(PER_COUNT, ""), *((n, n) for n in workload_names())],
+                                   value=state.workload or "", description="regret on",
+                                   tooltip="weight the regret by a workload's share of step time per token count")
         self.slider = w.SelectionSlider(options=self._slider_options(), value=self._slider_value(),
                                         description="async_tp_min_tokens", continuous_update=False,
                                         style={"description_width": "initial"},
@@ -472,9 +497,10 @@ class Tuner:
         self._syncing = False  # the controls are being set from the state, not by the user
         self.slider.observe(lambda change: None if self._syncing else self.set_threshold(change["new"]), names="value")
         self.shape.observe(lambda change: self.set_shape(SHAPES[change["new"]]), names="value")
+        self.workload.observe(lambda change: self.set_workload(change["new"] or None), names="value")
         setup = w.HBox([w.VBox([self.model, self.tp, self.tokens]), self.variants,
                         w.VBox([self.run_button, self.demo_button, self.progress])], layout=w.Layout(**wrap))
-        tuning = w.HBox([self.shape, self.slider, self.recommend_button], layout=w.Layout(**wrap))
+        tuning = w.HBox([self.shape, self.slider, self.recommend_button, self.workload], layout=w.Layout(**wrap))
         export = w.HBox([self.export_dir, self.export_button], layout=w.Layout(**wrap))
         self.widget = w.VBox([setup, self.plot, tuning, self.regret_html, export, self.status])
         self.redraw()
@@ -622,6 +648,18 @@ class Tuner:
         self.state.shape = tuple(shape)
         self.redraw()
 
+    def set_workload(self, name: str | None) -> None:
+        """Weight the regret by a named workload (``None``: per token count only); an unknown name is refused,
+        naming the workloads. Redraws the regret panel."""
+        if name is not None:
+            from sp_lab.serving.workloads import workload
+
+            workload(name)
+        self.state.workload = name
+        if (self.workload.value or None) != name:
+            self.workload.value = name or ""
+        self.redraw()
+
     def use_recommended(self) -> None:
         """Select the recommended policy (shape and threshold)."""
         if self.state.use_recommended() is not None:
@@ -701,13 +739,18 @@ class Tuner:
         table = self.state.regret()
         right = "style='text-align:right;padding:1px 10px'"
         left = "style='text-align:left;padding:1px 10px'"
+        weighted, traffic_line = self._traffic_regret()
+        share = {} if weighted is None else weighted.weights
         cells = "".join(
             f"<tr><td {right}>{r['num_tokens']}</td><td {left}>{r['variant_run']}</td>"
             f"<td {right}>{r['latency_us']:.1f}</td><td {left}>{r['best_variant']}</td>"
-            f"<td {right}>{r['best_us']:.1f}</td><td {right}>{100 * r['regret_rel']:.1f}%</td></tr>"
+            f"<td {right}>{r['best_us']:.1f}</td><td {right}>{100 * r['regret_rel']:.1f}%</td>"
+            + (f"<td {right}>{100 * share.get(r['num_tokens'], 0.0):.1f}%</td>" if share else "") + "</tr>"
             for r in table.iter_rows(named=True))
         heads = "".join(f"<th {right if i in (0, 2, 4, 5) else left}>{REGRET_HEADERS[c]}</th>"
                         for i, c in enumerate(REGRET_COLUMNS))
+        if weighted is not None:
+            heads += f"<th {right}>share of {weighted.priced.workload} step time</th>"
         total = float(table["regret_rel"].sum()) if table.height else float("nan")
         worst = float(table["regret_rel"].max()) if table.height else float("nan")
         said = (" <b>(from predicted rows: the performance model's choice, not measured)</b>"
@@ -715,9 +758,19 @@ class Tuner:
         return (f"<b>recommended:</b> {rec.summary()}{said}<br><i>{rec.noise_line()}</i><br>"
                 f"<b>rows:</b> {html.escape(self.state.provenance())}<br>"
                 f"<b>selected ({self.state.policy().name}):</b> worst regret {100 * worst:.1f}%, summed over the "
-                f"token counts {100 * total:.1f}%{self._vllm_line()}"
+                f"token counts {100 * total:.1f}%{self._vllm_line()}{traffic_line}"
                 "<table style='border-collapse:collapse;margin-top:4px'>"
                 f"<tr style='border-bottom:1px solid #999'>{heads}</tr>{cells}</table>")
+
+    def _traffic_regret(self) -> tuple[WeightedRegret | None, str]:
+        """The regret weighted by the chosen workload and its line for the panel ("" without a workload)."""
+        if self.state.workload is None:
+            return None, ""
+        try:
+            weighted = self.state.traffic_regret()
+        except ValueError as e:
+            return None, f"<br><b>on {self.state.workload} traffic:</b> <i>not weighted: {html.escape(str(e))}</i>"
+        return weighted, f"<br><b>weighted by traffic:</b> {html.escape(weighted.describe())}"
 
     def _vllm_line(self) -> str:
         """vLLM's own SP rule for comparison, only where it means something: GPU rows (measured or predicted)."""
@@ -740,7 +793,7 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
          store_dir: str | Path | None = DEFAULT_STORE, config: LabConfig | None = None,
          threshold: int | None = None, export_dir: str | Path = DEFAULT_OUT,
          replay: str | Path | pl.DataFrame | bool | None = None, setup: Setup | Mapping[str, Any] | None = None,
-         **sweep_kwargs: Any) -> Tuner:
+         workload: str | None = None, **sweep_kwargs: Any) -> Tuner:
     """The policy tuner widget (see the module docstring).
 
     Mistakes knowable now are refused here, in the calling cell, not when the sweep starts: a model that does not
@@ -760,6 +813,9 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
         setup: which setup of the replayed rows to show (a store holds many): some of its fields
             (``{"dtype": "bfloat16", "num_layers": 1}``, :data:`sp_lab.bench.setups.SETUP_FIELDS`); ``None``: the
             newest. The status line says which it shows and lists the others with their row counts.
+        workload: a named workload (``"chat"``, ``"summarization"``, ...: :mod:`sp_lab.serving.workloads`) the
+            regret panel also weighs the regret by: each token count by its share of baseline's step time when the
+            workload is scheduled on the rows (budget: the largest count they cover). ``None``: per token count only.
         **sweep_kwargs: passed to :func:`sp_lab.bench.sweep.run_sweep` (``warmup``, ``repeats``, ``budget_s``, ...).
     """
     from sp_lab.models.registry import resolve_config
@@ -785,6 +841,11 @@ def tune(model: str = "toy", *, tp: int = 2, token_counts: Sequence[int] = DEFAU
         from sp_lab.bench.setups import check_query
 
         check_query(setup.to_dict() if hasattr(setup, "to_dict") else setup)  # a misspelt field, named now
+    if workload is not None:
+        from sp_lab.serving.workloads import workload as named_workload
+
+        named_workload(workload)  # an unknown name, with the names that exist
+    state.workload = workload
     state.threshold = threshold if threshold is not None else state.config.async_tp_min_tokens
     tuner = Tuner(state, export_dir=export_dir)
     if replay is not None and replay is not False:
