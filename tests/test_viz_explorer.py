@@ -378,6 +378,13 @@ def test_compare_gather_vs_sharded(reports):
     assert frame["label_a"][0] == "llama-3-8b gather tokens 8-64"
     fig = graph.plot_compare(reports[("llama", "gather")], reports[("llama", "sharded")])
     assert sum(isinstance(t, go.Bar) for t in fig.data) == 2 * 4
+    # At a notebook's width four panels get about 200 px each: their titles on short lines (a long one ran into its
+    # neighbours), the collectives abbreviated as the overview's key writes them, the legend at the bottom edge.
+    panel_titles = [a.text for a in fig.layout.annotations]
+    assert len(panel_titles) == 4 and all(len(line) <= 22 for t in panel_titles for line in t.split("<br>"))
+    ticks = {x for t in fig.data for x in t.x}
+    assert {"AG+mm/layer", "mm+RS/layer"} <= ticks and not any("fused_" in x for x in ticks)
+    assert (fig.layout.legend.yref, fig.layout.legend.y) == ("container", 0)
 
 
 def test_every_explorer_figure_says_where_its_report_was_compiled(reports):

@@ -14,6 +14,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from sp_lab.compiler.report import COLLECTIVE_KEYS, FUSED_KEYS, SP_MATCH_KEYS, CompileReport
+from sp_lab.viz.overview import OP_ABBREVIATIONS
 from sp_lab.viz.report_input import as_report, range_label, report_provenance, resolve_range
 
 if TYPE_CHECKING:
@@ -82,12 +83,16 @@ def compare_data(report_a: ReportSource, report_b: ReportSource, *, range_a: int
         provenance_b=pl.lit(report_provenance(rb)))
 
 
+# Panel titles on short lines: four panels share a notebook's width (about 200 px each), and a longer title ran
+# into its neighbours'.
 _COMPARE_PANELS = (
-    ("bytes crossing boundaries per token", ("boundary bytes/token", "boundary bytes/token/layer")),
-    ("collectives per layer", tuple(f"{k}/layer" for k in COLLECTIVE_KEYS)),
-    ("fused ops / rewrites / problems", ("fused ops", "sp rewrites", "failures", "erased copies")),
+    ("bytes crossing<br>boundaries per token", ("boundary bytes/token", "boundary bytes/token/layer")),
+    ("collectives<br>per layer", tuple(f"{k}/layer" for k in COLLECTIVE_KEYS)),
+    ("fused ops, rewrites,<br>problems", ("fused ops", "sp rewrites", "failures", "erased copies")),
     ("compile", ("compile time", "cache hits")),
 )
+# The collectives' tick labels as the explorer's figures abbreviate them (AG+mm/layer); hover gives the full name.
+_TICK = {f"{k}/layer": f"{OP_ABBREVIATIONS[k]}/layer" for k in COLLECTIVE_KEYS}
 
 
 def build_compare_figure(frame: pl.DataFrame) -> go.Figure:
@@ -103,15 +108,19 @@ def build_compare_figure(frame: pl.DataFrame) -> go.Figure:
     for col, (_, metrics) in enumerate(_COMPARE_PANELS, start=1):
         metrics = [m for m in metrics if m in values]
         for side, label, color in (("a", la, "#1f77b4"), ("b", lb, "#ff7f0e")):
-            fig.add_trace(go.Bar(x=metrics, y=[values[m][side] for m in metrics], name=label, marker_color=color,
-                                 legendgroup=side, showlegend=col == 1,
-                                 hovertemplate="%{x}: %{y:.4g}<extra>" + label + "</extra>"), row=1, col=col)
+            fig.add_trace(go.Bar(x=[_TICK.get(m, m) for m in metrics], y=[values[m][side] for m in metrics],
+                                 name=label, marker_color=color, legendgroup=side, showlegend=col == 1,
+                                 customdata=metrics,
+                                 hovertemplate="%{customdata}: %{y:.4g}<extra>" + label + "</extra>"), row=1, col=col)
     # No fixed width: the figure fits the notebook's output area (1500 px was cut at its right edge). The
     # two labels go on two title lines and the metric names are slanted, so neither is clipped.
     fig.update_xaxes(tickangle=-30, automargin=True)
     fig.update_yaxes(automargin=True)
-    fig.update_layout(barmode="group", height=520, autosize=True,
-                      title={"text": title, "font": {"size": 13}},
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.12, "x": 1, "xanchor": "right"},
-                      margin={"l": 40, "r": 20, "t": 135, "b": 40})
+    # The title at the top edge in a margin sized for its lines and the panels' two-line titles under it; the
+    # legend at the bottom edge (plotly.js reserves its room), clear of both.
+    fig.update_layout(barmode="group", height=540, autosize=True,
+                      title={"text": title, "font": {"size": 13}, "yref": "container", "y": 1, "yanchor": "top",
+                             "pad": {"t": 20}},
+                      legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0},
+                      margin={"l": 40, "r": 20, "t": 40 + 20 * title.count("<br>") + 60, "b": 40})
     return fig
