@@ -200,10 +200,11 @@ def test_never_is_one_explicit_value_in_widget_file_and_provenance(tmp_path):
     assert provenance["policy"] == "baseline everywhere (SP and AsyncTP never)"
     # what the file says is what the widget printed
     assert f"{provenance['policy']} (async_tp_min_tokens=never)" in tuner.status.value
-    # vLLM 0.34 has no SP fields: "never" is vLLM's compile config without them, CUDA graphs as chosen (none)
-    assert json.loads(path.read_text())["vllm"] == {
-        "release": "0.34.0", "does": "In vLLM 0.34.0 this runs plain TP (SP and AsyncTP off) at every token count, "
-        "no CUDA graphs.", "compilation_config": {"mode": 3, "cudagraph_mode": "NONE"}}
+    # vLLM 0.34 has no SP fields: "never" passes nothing, so the user's own CUDA-graph mode stays; the toy is no
+    # model vLLM can load, so there is no serve line to print
+    vllm = json.loads(path.read_text())["vllm"]
+    assert vllm["release"] == "0.34.0" and vllm["compilation_config"] == {} and vllm["serve"] is None
+    assert "nothing to pass" in vllm["does"] and "your CUDA-graph mode" in vllm["does"]
     assert path.with_name(path.stem + ".min_tokens_per_rank.py").is_file()
 
 
