@@ -237,9 +237,12 @@ def validation_markdown(table: pl.DataFrame) -> str:
     for r in table.iter_rows(named=True):
         lines.append(f"- **{r['id']}**: [{r['source']}]({r['url']}). {r['differences']}")
     misses = {r["id"] for r in table.iter_rows(named=True) if r["verdict"] in ("miss", "undecided")}
-    made_of = [(f.id, miss_breakdown(f)) for f in figures() if f.id in misses]
+    # crossovers always: their timing (eager, as vLLM runs those sizes) is a choice the reader should see undone
+    made_of = [(f.id, miss_breakdown(f)) for f in figures()
+               if f.id in misses or f.setup["quantity"] == "crossover_tokens"]
     if any(text for _, text in made_of):
-        lines += ["", "What each missed or undecided prediction is made of (the model's own terms, same inputs):", ""]
+        lines += ["", ("What each missed or undecided prediction, and each crossover, is made of (the model's own "
+                       "terms, same inputs):"), ""]
         lines += [f"- **{fid}**: {text}" for fid, text in made_of if text]
     return "\n".join(lines) + "\n"
 
