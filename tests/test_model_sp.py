@@ -162,3 +162,31 @@ def test_matmuls_of_one_shape_share_the_larger_gate():
     # the other order gives the same answers: the larger gate wins, not the first or the last row
     reordered = model_sp_table(_sweep_rows(), config, matmul_rows=pl.DataFrame(rows[::-1]))
     assert reordered.lookup(4096, 4096, "bfloat16", 4) == 128 and reordered.lookup(2048, 4096, "bfloat16", 4) is None
+
+
+def _leaf(choice):
+    return {"choice": choice, "confidence": 0.9, "samples": 5}
+
+
+@pytest.mark.parametrize("rule, default, expected", [
+    # on the reduction dimension: llama-3-70b at tp 4 has qkv and gate_up at k 8192, down 7168, o_proj 2048
+    ({"feature": "k", "threshold": 4096, "left": _leaf("no_fuse"), "right": _leaf("fuse")}, "fuse",
+     {"qkv": 64, "o_proj": None, "gate_up": 64, "down": 64}),
+    # on the rows per rank (m / tp): from 1024 tokens at tp 4, whatever the shape
+    ({"feature": "m_per_rank", "threshold": 128, "left": _leaf("no_fuse"), "right": _leaf("fuse")}, "no_fuse",
+     {"qkv": 256, "o_proj": 256, "gate_up": 256, "down": 256}),
+    # "unsure" takes the config's default
+    ({"feature": "k", "threshold": 4096, "left": _leaf("no_fuse"), "right": _leaf("unsure")}, "fuse",
+     {"qkv": 64, "o_proj": None, "gate_up": 64, "down": 64}),
+    ({"feature": "k", "threshold": 4096, "left": _leaf("no_fuse"), "right": _leaf("unsure")}, "no_fuse",
+     {"qkv": None, "o_proj": None, "gate_up": None, "down": None}),
+    # fuse only at the largest count the config serves (8192 = max_num_tokens): the gate is that count per rank
+    ({"feature": "m", "threshold": 4096, "left": _leaf("no_fuse"), "right": _leaf("fuse")}, "no_fuse",
+     {"qkv": 2048, "o_proj": 2048, "gate_up": 2048, "down": 2048}),
+])
+def test_a_rules_gate_reads_every_feature_of_the_matmul_and_its_unsure_answers(rule, default, expected):
+    config = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192, heuristic=MatmulRule.from_dict(rule),
+                       heuristic_default=default)
+    table = model_sp_table(_sweep_rows(), config)
+    assert {m.name: m.min_tokens_per_rank for m in table.matmuls} == expected
+    assert {m.basis for m in table.matmuls} == {RULE}
