@@ -140,12 +140,18 @@ def test_export_with_an_explicit_threshold_writes_a_tuned_config_with_provenance
     )
     (path,) = (tmp_path / "cfg").glob("*.json")
     assert "device_name=cpu_test" in path.name and "tp=2" in path.name
-    assert str(path) in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert str(path) in out
     config = LabConfig.from_json(path)
     assert config.async_tp_min_tokens == 64 and config.enable_async_tp and config.tp_size == 2
-    provenance = json.loads(path.read_text())["provenance"]
+    written = json.loads(path.read_text())
+    provenance = written["provenance"]
     assert provenance["data_hash"] == data_hash(SweepStore(store).read())
     assert provenance["sweep_rows"] == 15
+    # the file says what it does on chat traffic, priced on the same rows (or why it cannot be), as `run`'s does
+    serving = written["serving"]
+    assert serving["workload"] == "chat" and serving["rows_hash"] == provenance["data_hash"]
+    assert "serving (chat traffic" in out
 
 
 def test_tune_export_and_report_pick_one_setup_of_a_shared_store_and_say_which(tmp_path, capsys):

@@ -48,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         rec = rows.recommend(df, base)
         config = rec.config
+    from sp_lab.serving.on_rows import serving_answer
+
     path = rows.export(df, config, args.out, recommendation=rec, chosen_in="python -m sp_lab export",
-                       vllm_release=args.vllm_release, matmul_rows=matmul_rows(args.matmul_rows))
+                       vllm_release=args.vllm_release, matmul_rows=matmul_rows(args.matmul_rows),
+                       traffic=serving_answer(df, config=config))  # the file says what it does on chat traffic
     print(describe_file(path))
     return 0
 
