@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from sp_lab.resources import H200_DIR, h200_file
+from sp_lab.resources import DATA_DIR, H200_DIR, h200_file
 from sp_lab.tuning.predict.hardware import Gpu, gpu
 from sp_lab.vocabulary import MEASURED
 
@@ -38,6 +38,10 @@ SYMM_MEM_WS1_JSON = h200_file("symm_mem_ws1.json")
 FP8_SINGLE_GPU_JSON = h200_file("matmul_fp8_single_gpu.json")
 """FP8 ``torch._scaled_mm`` rows (rowwise, tensorwise, rowwise chunked) beside same-run bf16 ones, written by
 benchmarks/bench_matmul_fp8_h200.py on the H200 (read when shipped)."""
+RS_REDUCTION_JSON = DATA_DIR / "h100" / "rs_reduction.json"
+"""The reduce_scatter side's final ``torch.sum`` over ``[tp, M / tp, N]`` partials (tp = 1: what the one-rank op
+runs; tp > 1: what a tp-rank op runs) beside the one-rank fused op and its plain matmul, all timed in one run on one
+H100 by benchmarks/bench_rs_reduction.py."""
 ATTENTION_JSON = h200_file("attention.json")
 """``sp_lab::attention`` (causal, one sequence), Llama-3-8B heads: 32 query heads of 128, CUDA-graph replay."""
 MEASURED_ON = "h200"
@@ -483,8 +487,9 @@ class KernelModel:
         """The fused op's own cost beyond its matmuls and copies, on the target.
 
         All_gather side: staging the local ``[m/tp, K]`` shard, read off the one-rank measurement at
-        ``m/tp`` rows. Reduce_scatter side: staging and reducing ``[m, N]`` partial outputs (the final
-        reduction reads all ``tp`` chunks: as many bytes as the one-rank op at ``m`` rows).
+        ``m/tp`` rows. Reduce_scatter side: reducing ``[m, N]`` partial outputs, the one-rank measurement at ``m``
+        rows with its ``[1, m, N]`` sum swapped for the ``[tp, m/tp, N]`` sum a ``tp``-rank op runs
+        (:func:`rs_own_cost_ratio`).
         """
         rows = max(1, m // tp) if side == "ag" else m
         ws1 = self.table.fused_ws1_us(rows, n, k, self.dtype) if self.measured_shapes else None
@@ -492,6 +497,8 @@ class KernelModel:
             extra = max(0.0, ws1 - self.table.mm_us(rows, n, k, self.dtype))
         else:  # staged bytes: FP8 inputs on the all_gather side, bf16 partial outputs on the reduce_scatter side
             extra = self.staging[side].us(rows * (k * self.bytes if side == "ag" else n * 2))
+        if side == "rs" and tp > 1:
+            extra *= rs_own_cost_ratio(rows * n * 2, tp)
         return self._scale(extra, 1.0)
 
     def elementwise_us(self, nbytes: float) -> float:
@@ -518,6 +525,41 @@ class KernelModel:
         share_taken = min(0.9, 2.0 * copy_gbps / self.target.hbm_gbps)
         memory = self._share(m, n, k)
         return 1.0 + memory * share_taken / (1.0 - share_taken)
+
+
+@cache
+def _own_cost_ratios() -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """``tp -> (bytes of [M, N] partials, own cost at tp / own cost on one rank)`` from :data:`RS_REDUCTION_JSON`
+    (empty where it is not shipped): per M, the one-rank op's own cost (fused minus plain matmul) with its
+    ``[1, M, N]`` sum swapped for the measured ``[tp, M / tp, N]`` one, over the one-rank own cost."""
+    if not RS_REDUCTION_JSON.exists():
+        return {}
+    data = json.loads(RS_REDUCTION_JSON.read_text())
+    sums = {(r["m"], r["n"], r["tp"]): float(r["us"]) for r in data["rows"]}
+    ratios: dict[int, list[tuple[float, float]]] = {}
+    for r in data["one_rank_fused"]:
+        m, n = r["m"], r["n"]
+        own = r["fused_ws1_us"] - r["mm_us"]
+        for tp in sorted({t for (mm, nn, t) in sums if (mm, nn) == (m, n) and t > 1}):
+            tp_own = max(0.0, own - sums[m, n, 1] + sums[m, n, tp])
+            ratios.setdefault(tp, []).append((2.0 * m * n, tp_own / own))
+    return {tp: (np.array([b for b, _ in sorted(p)]), np.array([x for _, x in sorted(p)]))
+            for tp, p in ratios.items()}
+
+
+def rs_own_cost_ratio(nbytes: float, tp: int) -> float:
+    """How much of the one-rank reduce_scatter-side own cost a ``tp``-rank op pays for ``nbytes`` of bf16 partials.
+
+    The one-rank op (``data/h200`` ``fused_ws1`` rows) sums its ``[1, M, N]`` partials -- torch's reduction over a
+    dimension of one, reading and writing ``M * N`` far below the HBM rate, almost all of its own cost (measured:
+    201.8 us own cost, 201.3 us sum at M = N = 8192 on the H100); a ``tp``-rank op sums ``[tp, M / tp, N]``, reading
+    ``M * N`` and writing ``M / tp * N`` near the HBM rate. The ratio is measured on one H100 in one run, linear in
+    log bytes between the measured sizes and held at the ends; 1 (the one-rank cost) for a ``tp`` not measured."""
+    ratios = _own_cost_ratios()
+    if tp not in ratios:
+        return 1.0
+    xs, ys = ratios[tp]
+    return float(np.interp(math.log2(max(nbytes, 1.0)), np.log2(xs), ys))
 
 
 @cache

@@ -313,8 +313,13 @@ follows and the prediction says so:
   roofline fitted to those rows (floor + max(FLOPs / peak, bytes / bandwidth)), and are flagged.
 - **The fused op's own cost**: PyTorch's symmetric-memory fused ops timed on a one-rank group on the H200 (no
   peer, so no communication): fused minus plain matmul. The all_gather side stages the local `[T / tp, K]`
-  shard (read at T / tp rows); the reduce_scatter side stages and reduces `[T, N]` partials (read at T rows).
-  For unmeasured shapes a line `fixed + bytes / rate` fitted per side to the same rows.
+  shard (read at T / tp rows). The reduce_scatter side sums its partials (read at T rows), but not as a tp-rank
+  op does: on one rank torch sums `[1, T, N]` over a dimension of one, far below the HBM rate, where a tp-rank
+  op sums `[tp, T / tp, N]` near it. Both sums and the one-rank op were timed in one run on one H100
+  (`benchmarks/bench_rs_reduction.py`, `data/h100/rs_reduction.json`: the one-rank own cost is that sum to
+  within a microsecond at T = N = 8192), and the one-rank cost is scaled by the measured ratio of the tp-rank
+  own cost to it (at tp 8: 0.52 at T = 512 down to 0.20 at T = 32768). For unmeasured shapes a line
+  `fixed + bytes / rate` fitted per side to the same rows, scaled alike.
 - **Eager host cost** (only for predictions timed as eager calls): the same one-rank ops called eagerly
   (`symm_mem_ws1.json`: ~0.2-0.33 ms per fused call), plus what a one-rank group never runs: the op calls
   PyTorch's fused ops issue per remote chunk (`torch/distributed/_symmetric_memory/__init__.py`: the
