@@ -188,6 +188,44 @@ def test_a_second_threshold_inside_the_noise_is_said_to_be_within_it():
     assert wide.to_dict()["second_threshold"]["beyond_noise"] is False
 
 
+def test_what_a_recommendation_says_and_exports():
+    """The summary, the noise line, the second threshold and the exported dict of one recommendation, against the
+    medians worked by hand: baseline below 512 runs baseline at 64, 128 and 256 where sp is 1/0.97 faster."""
+    import re
+
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.97),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "ci_low_us": f(t) * 0.95,
+                          "ci_high_us": f(t) * 1.05, "source": "measured"} for t in TOKENS for v, f in staged.items()])
+    rec = recommend(rows, LabConfig(), n_boot=200)
+    step = 1 / 0.97 - 1  # 3.1%
+    name = "baseline below 512, sp+async_tp from 512"
+    match = re.fullmatch(rf"{re.escape(name)}: worst regret 3\.1% \(95% interval (\S+)-(\S+)%\), summed over the token "
+                         rf"counts 9\.3% \((\S+)-(\S+)%\)", rec.summary())
+    assert match, rec.summary()
+    worst_lo, worst_hi, total_lo, total_hi = (float(x) / 100 for x in match.groups())
+    assert worst_lo <= step <= worst_hi and total_lo <= 3 * step <= total_hi
+    assert rec.noise_line() == ("512 (baseline -> sp+async_tp) and 512 (sp -> sp+async_tp) are not distinguishable "
+                                f"at this noise (200 resamples); chose {name} (it rewrites least)")
+    assert rec.describe().splitlines() == [rec.summary(), rec.noise_line(), (
+        "a second threshold (baseline below 64, sp from 64, sp+async_tp from 512) would lower the summed regret by "
+        "9.3 points (within noise)")]
+    exported = rec.to_dict()
+    assert exported["policy"] == {"name": name, "steps": [[1, "baseline"], [512, "sp+async_tp"]], "threshold": 512}
+    assert exported["async_tp_min_tokens"] == 512 and exported["resamples"] == 200
+    assert exported["worst_regret"] == pytest.approx(step) and exported["total_regret"] == pytest.approx(3 * step)
+    assert exported["worst_regret_95"] == pytest.approx([worst_lo, worst_hi], abs=5e-4)
+    assert exported["total_regret_95"] == pytest.approx([total_lo, total_hi], abs=5e-4)
+    assert exported["not_distinguishable"] == ["sp below 512, sp+async_tp from 512"]
+    assert exported["noise"] == rec.noise_line()
+    assert exported["second_threshold"] == {"policy": "baseline below 64, sp from 64, sp+async_tp from 512",
+                                            "gain": pytest.approx(3 * step), "beyond_noise": False}
+    never = recommend([{"num_tokens": t, "variant": v, "latency_us": 100.0 if v == "baseline" else 200.0}
+                       for t in TOKENS for v in ("baseline", "sp+async_tp")], LabConfig())
+    assert never.to_dict()["async_tp_min_tokens"] == "never" and never.to_dict()["second_threshold"] is None
+    assert never.describe().splitlines()[1:] == ["the rows carry no interval: the choice ignores noise"]
+
+
 def test_recommend_says_what_to_measure():
     with pytest.raises(ValueError, match="needs 'baseline' and at least one of"):
         recommend([{"num_tokens": 8, "variant": "sp", "latency_us": 1.0}], LabConfig())
