@@ -193,7 +193,7 @@ def test_compare_reports_error_per_point_speedup_threshold_and_regret(tmp_path):
     store.append(_curve())
     measured = store.read()
 
-    errors = compare.prediction_errors(measured, MatmulTable.default())
+    errors = compare.prediction_errors(measured, MatmulTable.default(), collected_tables=False)
     assert errors.height == 4 * 6  # every (variant, token count) measured has a prediction
     assert errors["predicted_us"].is_finite().all() and (errors["predicted_us"] > 0).all()
     assert set(errors["matmul_model"]) == {"h200 table"}  # llama-3-8b tp2 shapes were measured on the H200
@@ -223,8 +223,16 @@ def test_llama_2_7b_shapes_fall_back_to_the_roofline_fit():
     from sp_lab.tuning.predict.kernels import MatmulTable
 
     measured = pl.DataFrame(_curve(model="llama-2-7b"))
-    errors = compare.prediction_errors(measured, MatmulTable.default())
+    errors = compare.prediction_errors(measured, MatmulTable.default(), collected_tables=False)
     assert set(errors["matmul_model"]) == {"roofline fit"} and errors.height == 24
+
+
+def test_the_collected_gemm_table_serves_where_aiconfigurator_core_has_it():
+    pytest.importorskip("aiconfigurator_core", reason="the collected tables come with aiconfigurator-core")
+    from sp_lab.tuning.predict.kernels import MatmulTable
+
+    errors = compare.prediction_errors(pl.DataFrame(_curve(model="llama-2-7b")), MatmulTable.default())
+    assert set(errors["matmul_model"]) == {"collected table"} and errors.height == 24
 
 
 def test_a_job_that_only_lacked_plotly_for_its_report_counts_as_done(tmp_path):

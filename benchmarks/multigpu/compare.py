@@ -81,22 +81,34 @@ def _predicted_tuned(pred: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame
     return chosen.drop("enable_sp", "async_tp_min_tokens").with_columns(variant=pl.lit("tuned"))
 
 
-def predict_for(setup: dict, tokens: list[int], table: MatmulTable, gpu: str) -> tuple[pl.DataFrame, str]:
-    """The predicted sweep for one measured setup (bf16 kernel tables), and which matmul model served it."""
+def predict_for(setup: dict, tokens: list[int], table: MatmulTable, gpu: str, *,
+                collected_tables: bool = True) -> tuple[pl.DataFrame, str]:
+    """The predicted sweep for one measured setup (bf16), and which matmul model served it: the system's collected
+    tables where aiconfigurator-core has them (``collected_tables=False``: the shipped H200 tables alone)."""
     spec = resolve_config(setup["model"], num_layers=int(setup["num_layers"]))
-    pred = predict_layers(spec, int(setup["tp"]), tokens, Target.of(gpu), num_layers=int(setup["num_layers"]),
+    pred = predict_layers(spec, int(setup["tp"]), tokens, Target.of(gpu, collected_tables=collected_tables),
+                          num_layers=int(setup["num_layers"]),
                           table=table, full_layer=True)
-    # a shape the shipped H200 tables lack (e.g. llama-2-7b's 11008-wide MLP) came from the roofline fit
-    return pred, "h200 table" if pred["estimated_shapes"][0] == "none" else "roofline fit"
+    return pred, matmul_model(pred["estimated_shapes"][0])
 
 
-def prediction_errors(measured: pl.DataFrame, table: MatmulTable, gpu: str = "h200") -> pl.DataFrame:
+def matmul_model(estimated_shapes: str) -> str:
+    """Which matmul times served a prediction: the collected GEMM table of the system (aiconfigurator-core, where
+    installed), the shipped H200 tables, or the roofline fitted to them for a shape those lack (e.g. llama-2-7b's
+    11008-wide MLP)."""
+    if estimated_shapes.startswith("none (collected"):
+        return "collected table"
+    return "h200 table" if estimated_shapes == "none" else "roofline fit"
+
+
+def prediction_errors(measured: pl.DataFrame, table: MatmulTable, gpu: str = "h200", *,
+                      collected_tables: bool = True) -> pl.DataFrame:
     """Per setup, variant and token count: measured vs predicted latency and saving over baseline."""
     frames = []
     for setup_rows in measured.partition_by(list(SETUP), maintain_order=True):
         setup = setup_rows.row(0, named=True)
         tokens = sorted(setup_rows["num_tokens"].unique().to_list())
-        pred, how = predict_for(setup, tokens, table, gpu)
+        pred, how = predict_for(setup, tokens, table, gpu, collected_tables=collected_tables)
         pred = pl.concat([pred, _predicted_tuned(pred, setup_rows)], how="vertical_relaxed")
         cmp = compare_to_measured(pred, setup_rows, on=("num_tokens", "variant"))
         base = cmp.filter(pl.col("variant") == "baseline").select(
