@@ -142,7 +142,7 @@ def test_requests_get_ttft_and_tpot_per_policy():
 def test_standard_policies_reuse_the_programs():
     names = [p.name for p in standard_policies(512, variants={"baseline", "sp", "sp+async_tp", "tuned"})]
     assert [p.name for p in standard_policies(None, variants={"baseline", "sp+async_tp"})] == [
-        "baseline", "sp+async_tp always", "sp+async_tp from never"]
+        "baseline", "sp+async_tp always", "sp+async_tp never (baseline at every step)"]
     assert names == ["baseline", "sp", "sp+async_tp always", "sp+async_tp from 512", "per-matmul rule",
                      "draft: per-matmul rule from 128"]
     draft = standard_policies(512, variants={"baseline", "sp", "sp+async_tp", "tuned"})[-1]

@@ -73,8 +73,9 @@ class ServingPolicy:
     @classmethod
     def from_threshold(cls, threshold: int | None) -> ServingPolicy:
         """Baseline below ``threshold`` tokens, SP + AsyncTP from it (``None``: never)."""
-        return cls(f"{SP_ASYNC_TP} from {describe_threshold(threshold)}",
-                   plan=Policy.gate(BASELINE, SP_ASYNC_TP, threshold), threshold=threshold)
+        name = (f"{SP_ASYNC_TP} from {describe_threshold(threshold)}" if threshold is not None
+                else f"{SP_ASYNC_TP} {describe_threshold(threshold)} (baseline at every step)")
+        return cls(name, plan=Policy.gate(BASELINE, SP_ASYNC_TP, threshold), threshold=threshold)
 
 
 def standard_policies(threshold: int | None, *, variants: Collection[str], config: LabConfig | None = None
