@@ -226,6 +226,24 @@ def test_what_a_recommendation_says_and_exports():
     assert never.describe().splitlines()[1:] == ["the rows carry no interval: the choice ignores noise"]
 
 
+def test_policies_the_noise_cannot_tell_apart_are_listed_in_few_words():
+    """One phrase per shape, thresholds sorted ("64, 128 and 256 (baseline -> sp+async_tp)"), constants by name;
+    two items joined by "and", three or more by "; " and a final "; and"."""
+    from sp_lab.tuning.policy import _list_policies
+
+    def switch(first: str, at: int) -> Policy:
+        return Policy(((1, first), (at, "sp+async_tp")))
+
+    never = Policy.constant("baseline")
+    assert _list_policies([switch("baseline", 256), switch("baseline", 64)]) == "64 and 256 (baseline -> sp+async_tp)"
+    assert _list_policies([switch("baseline", 256), never]) == (
+        "256 (baseline -> sp+async_tp) and baseline everywhere (SP and AsyncTP never)")
+    assert _list_policies([switch("baseline", 256), switch("baseline", 64), switch("baseline", 128),
+                           switch("sp", 128), never]) == (
+        "64, 128 and 256 (baseline -> sp+async_tp); 128 (sp -> sp+async_tp); "
+        "and baseline everywhere (SP and AsyncTP never)")
+
+
 def test_recommend_says_what_to_measure():
     with pytest.raises(ValueError, match="needs 'baseline' and at least one of"):
         recommend([{"num_tokens": 8, "variant": "sp", "latency_us": 1.0}], LabConfig())
