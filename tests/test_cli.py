@@ -14,9 +14,8 @@ import pytest
 from test_store import make_row
 
 from sp_lab import cli
-from sp_lab.bench.store import SweepStore
+from sp_lab.bench.store import SweepStore, data_hash
 from sp_lab.config import LabConfig
-from sp_lab.tuning.export import data_hash
 
 REPO = Path(__file__).resolve().parents[1]
 

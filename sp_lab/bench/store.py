@@ -248,6 +248,16 @@ def release_claims(claims: Mapping[str, PointClaim]) -> None:
         claim.release()
 
 
+def data_hash(rows: pl.DataFrame) -> str:
+    """16 hex digits naming a set of rows: their sorted ``row_id``s, or their content where rows have none. The one
+    name of "these rows" that exported files, serving answers and the tuner compare."""
+    if "row_id" in rows.columns and rows["row_id"].null_count() == 0:
+        text = "\n".join(sorted(rows["row_id"].to_list()))
+    else:
+        text = "\n".join(sorted(map(str, rows.select(sorted(rows.columns)).iter_rows())))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def new_row_id() -> str:
     """A fresh ``row_id`` (uuid4 hex)."""
     return uuid.uuid4().hex

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sp_lab.tuning.export import data_hash, threshold_text
+    from sp_lab.bench.store import data_hash
+    from sp_lab.tuning.export import threshold_text
 
     df = rows.tuning_rows(args)
     rec = rows.recommend(df, rows.base_config(args, df))

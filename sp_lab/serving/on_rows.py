@@ -125,7 +125,7 @@ class ServingAnswer:
     workload: str
     """The workload priced."""
     rows_hash: str
-    """:func:`sp_lab.tuning.export.data_hash` of the rows it was computed from (the file's own rows)."""
+    """:func:`sp_lab.bench.store.data_hash` of the rows it was computed from (the file's own rows)."""
     source: str | None
     """The rows' source (``measured`` ...; ``None`` when the rows have none)."""
     priced: RowsTraffic | None = None
@@ -168,9 +168,9 @@ class ServingAnswer:
 def serving_answer(rows: pl.DataFrame, *, config: LabConfig | None = None, workload: str = "chat") -> ServingAnswer:
     """The serving answer on ``rows`` (:func:`rows_traffic`; ``config`` priced too where its programs have rows), or
     the reason the rows cannot give one (never an exception for rows that cannot price a step)."""
+    from sp_lab.bench.store import data_hash
     from sp_lab.serving.policies import ServingPolicy
     from sp_lab.serving.workloads import workload as named_workload
-    from sp_lab.tuning.export import data_hash
 
     named_workload(workload)  # an unknown name is the caller's mistake, raised, not written into the file
     rows_hash = data_hash(rows)

@@ -13,7 +13,7 @@ One file per device / tp / model / dtype (vLLM's fused-MoE naming), holding
 - ``torch_compile``: the settings that make Inductor's micro-pipeline TP fire and the tuned gate as a snippet,
   also written beside the file (``<file>.torch_compile.py``; :mod:`sp_lab.tuning.torch_compile_export`);
 - ``provenance``: the policy, its regret from :func:`sp_lab.tuning.regret.regret_table` (the same table the
-  tuner and the report show), the recommendation with its confidence, and :func:`data_hash` of the rows;
+  tuner and the report show), the recommendation with its confidence, and :func:`sp_lab.bench.store.data_hash` of the rows;
 - ``serving`` (when :func:`export_config` is given ``traffic=``): the serving answer on the same rows
   (:class:`sp_lab.serving.on_rows.ServingAnswer`: workload, scheduler limits, speedup against baseline with its
   interval, the rows' source and setup, the sentence), or why the rows could not price it.
@@ -25,7 +25,6 @@ the machine it was tuned on (with a warning when that machine cannot answer the 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import math
 import re
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from sp_lab.bench.store import data_hash
 from sp_lab.config import ConfigError, load_tuned_config
 from sp_lab.jsonfile import read_json
 from sp_lab.programs import Policy, closest_policy
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from sp_lab.serving.on_rows import ServingAnswer
     from sp_lab.tuning.policy import Recommendation
 
-__all__ = ["ExportError", "data_hash", "describe_file", "export_config", "export_tuned_config", "function_path",
+__all__ = ["ExportError", "describe_file", "export_config", "export_tuned_config", "function_path",
            "patch_path", "provenance", "serving_line", "snippet_path", "threshold_text", "torch_compile_section",
            "tuned_config_filename", "vllm_section"]
 
@@ -63,15 +63,6 @@ __all__ = ["ExportError", "data_hash", "describe_file", "export_config", "export
 class ExportError(ValueError):
     """Rows :func:`export_config` will not write a config from as they are (none, or predictions not asked for);
     the message says what to run instead."""
-
-
-def data_hash(rows: pl.DataFrame) -> str:
-    """16 hex digits naming a set of rows: their sorted ``row_id``s, or their content where rows have none."""
-    if "row_id" in rows.columns and rows["row_id"].null_count() == 0:
-        text = "\n".join(sorted(rows["row_id"].to_list()))
-    else:
-        text = "\n".join(sorted(map(str, rows.select(sorted(rows.columns)).iter_rows())))
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def provenance(rows: pl.DataFrame, config: LabConfig, *, recommendation: Recommendation | None = None,

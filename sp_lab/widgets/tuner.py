@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from sp_lab.bench.store import data_hash
 from sp_lab.programs import REFERENCE_VARIANTS
-from sp_lab.tuning.export import data_hash, describe_file, export_config, threshold_text
+from sp_lab.tuning.export import describe_file, export_config, threshold_text
 from sp_lab.tuning.policy import Policy, Recommendation, recommend
 from sp_lab.tuning.regret import REGRET_COLUMNS, REGRET_HEADERS, one_source, regret_table
 from sp_lab.vocabulary import (
@@ -426,7 +427,7 @@ class TunerState:
 
     # ------------------------------------------------------------------ export
     def data_hash(self) -> str:
-        """:func:`sp_lab.tuning.export.data_hash` of the rows shown."""
+        """:func:`sp_lab.bench.store.data_hash` of the rows shown."""
         return data_hash(self.snapshot())
 
     def export(self, directory: str | Path, *, allow_predicted: bool = False) -> Path:
