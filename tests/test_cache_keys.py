@@ -240,6 +240,16 @@ def test_the_range_key_changes_with_the_graph_and_the_versions(graph, monkeypatc
     monkeypatch.undo()
     monkeypatch.setattr(sp_lab, "__version__", "0.0.0-other")
     assert _key(graph) != base
+    monkeypatch.undo()
+
+
+@pytest.mark.parametrize("other", ["DEFAULT", "AVX2", "AVX512"])
+def test_the_range_key_changes_with_the_cpu_capability(graph, monkeypatch, other):
+    """An entry holds kernel source generated for one ATen CPU capability; a process with another must not load it."""
+    here = torch.backends.cpu.get_cpu_capability()
+    base = _key(graph)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: other)
+    assert (_key(graph) != base) == (other != here)
 
 
 def test_a_dtensor_input_is_keyed_by_its_placements():

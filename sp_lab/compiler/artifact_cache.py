@@ -76,6 +76,10 @@ def range_key(
         "passes": pass_uuid,
         "torch": torch.__version__,
         "sp_lab": sp_lab.__version__,
+        # An entry holds Inductor's generated kernel source, written for this process's ATen CPU capability: a
+        # process with another (the test suite's ATEN_CPU_CAPABILITY=default beside `make run`'s AVX2) would
+        # compile vectorised source without the vector headers ("'at::vec' has not been declared").
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
