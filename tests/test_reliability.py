@@ -423,7 +423,11 @@ def test_a_resumed_sweeps_bar_ends_at_100_percent(tmp_path, capfd):
     result = sweep(store_dir, progress=True)
     bar = _last_bar(capfd.readouterr().err)
     assert (result.skipped, len(result.rows)) == (4, 8)
-    assert re.search(r"100%\|.*\| 8/8 \[", bar), bar  # was 8/12, stopped at 67%
+    # every point counted, the reused ones from the start and said where from (once 8/12, stopped at 67%)
+    assert re.search(r"100%\|.*\| 12/12 \[", bar), bar
+    assert re.search(r"4 of 12 points from the sweep of .*, 8 measured now", bar), bar
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Hostile inputs: nothing sp_lab reads is ever executed
 
@@ -560,10 +564,11 @@ def test_no_code_executing_loader_anywhere_in_sp_lab():
     """Statically: sp_lab never calls eval / exec / compile(str) / __import__, nor pickle-family loads.
 
     The one exception is the launcher's cloudpickle on its own channels: the caller writes the job into a
-    private temp dir (mkdtemp: mode 0700) for the ranks it started, and ranks send results back over pipes.
+    private temp dir (mkdtemp: mode 0700) for the ranks it started, which read it there (the rank's side of a
+    launch, distributed/worker.py), and ranks send results back over pipes.
     """
-    launcher = "sp_lab/distributed/launch.py"
-    allowed = {(launcher, "cloudpickle.load"), (launcher, "cloudpickle.loads")}
+    launcher, worker = "sp_lab/distributed/launch.py", "sp_lab/distributed/worker.py"
+    allowed = {(launcher, "cloudpickle.loads"), (worker, "cloudpickle.load")}
     banned_calls = {"eval", "exec", "compile", "__import__"}
     banned_attrs = {"load", "loads", "Unpickler", "unsafe_load", "full_load"}
     banned_modules = {"pickle", "cloudpickle", "dill", "marshal", "torch", "yaml", "joblib", "shelve", "np", "numpy"}
@@ -781,7 +786,12 @@ def _lab_command(**variables: str) -> list[str]:
         cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout.replace("\\\n", " ")  # fmt: skip
     (line,) = [line for line in dry_run.splitlines() if "jupyter lab" in line]
-    return shlex.split(line)
+    # The recipe first makes its CPU capability's TMPDIR, then starts Jupyter with that capability's cache and
+    # TMPDIR (NAME=value words): the command itself is what follows them.
+    words = shlex.split(line.split("&&")[-1])
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        words.pop(0)
+    return words
 
 
 def test_make_lab_listens_on_loopback_only_and_requires_a_token(tmp_path):
