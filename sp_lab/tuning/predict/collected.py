@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import ClassVar, Self
 
 import numpy as np
 import polars as pl
@@ -179,23 +180,34 @@ def interp_loglog(x: float, xs: np.ndarray, ys: np.ndarray) -> tuple[float, str]
 
 
 @dataclass(frozen=True)
-class CollectiveTable:
-    """nccl-tests times of one system and NCCL version: ``op, nccl_dtype, num_gpus, message_size, latency``."""
+class _CommTable:
+    """A collected communication table of one system and one version, kept as its parquet rows."""
+
+    KIND: ClassVar[str]
+    """The table's kind for :func:`table_path`."""
 
     system: str
     """aiconfigurator system name (``"h200_sxm"``)."""
     version: str
-    """NCCL version."""
+    """The collecting library's version (NCCL's, or vLLM's)."""
     rows: pl.DataFrame
     """The parquet's rows."""
     index: dict = field(default_factory=dict, repr=False, compare=False)
-    """Grid points per (op, dtype, GPUs), filled on first use (a prediction looks up thousands of times)."""
+    """Grid points per series, filled on first use (a prediction looks up thousands of times)."""
 
     @classmethod
-    def load(cls, system: str, version: str | None = None) -> CollectiveTable:
-        """The NCCL table of ``system`` (newest NCCL version unless named)."""
-        path, chosen = table_path(system, "nccl", version)
+    def load(cls, system: str, version: str | None = None) -> Self:
+        """The table of ``system`` (the newest version unless named)."""
+        path, chosen = table_path(system, cls.KIND, version)
         return cls(system=system, version=chosen, rows=pl.read_parquet(path))
+
+
+@dataclass(frozen=True)
+class CollectiveTable(_CommTable):
+    """nccl-tests times of one system and NCCL version: ``op, nccl_dtype, num_gpus, message_size, latency``; the
+    index holds grid points per (op, dtype, GPUs)."""
+
+    KIND = "nccl"
 
     @property
     def label(self) -> str:
@@ -265,26 +277,13 @@ def vllm_all_reduce_impl(capability: str, tp: int, nbytes: float, *, nvlink: boo
 
 
 @dataclass(frozen=True)
-class VllmAllReduceTable:
+class VllmAllReduceTable(_CommTable):
     """vLLM's ``tensor_model_parallel_all_reduce`` timed by the collector, CUDA graph and eager, bf16.
 
     The collector times vLLM's own dispatch, so at each size the row is whichever implementation that vLLM
     picked there on that machine (:func:`vllm_all_reduce_impl`)."""
 
-    system: str
-    """aiconfigurator system name."""
-    version: str
-    """vLLM version."""
-    rows: pl.DataFrame
-    """The parquet's rows."""
-    index: dict = field(default_factory=dict, repr=False, compare=False)
-    """Grid points per (backend, GPUs), filled on first use."""
-
-    @classmethod
-    def load(cls, system: str, version: str | None = None) -> VllmAllReduceTable:
-        """The vLLM all-reduce table of ``system`` (newest vLLM version unless named)."""
-        path, chosen = table_path(system, "vllm_allreduce", version)
-        return cls(system=system, version=chosen, rows=pl.read_parquet(path))
+    KIND = "vllm_allreduce"
 
     @property
     def label(self) -> str:
