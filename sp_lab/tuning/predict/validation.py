@@ -379,14 +379,17 @@ _PAGE_TAIL = """
   single matmul (measured, [measured-h200.md](measured-h200.md)), and each fused op carries a measured cost of
   its own. Figures from other fused kernels (Triton-distributed, or kernels without per-chunk launches) are
   predicted pessimistically.
-- Benchmark method matters most at small token counts: an eager fused call at tp 8 costs ~0.55-0.65 ms of host
+- Benchmark method matters most at small token counts. An eager fused call at tp 8 costs ~0.55-0.65 ms of host
   time (the one-rank call plus the op calls of the tp - 1 remote chunks), which is the published fused time of
-  vLLM #37489 at M = 1 (548 us) and of the kraken table (0.61-0.76 ms, flat in M). Where the model still misses
-  there, the published unfused (baseline) time is above the model's device time for it: the benchmarks' own
-  per-call overhead, which the model has no measurement of. The term-by-term list under the table shows, for
-  each miss, whether the model's value is set by the host floor or by device time. Timed as device time (CUDA
-  graphs) the vLLM #37489 ratios at small M stay misses: the chunk matmuls' weight re-reads, measured on the
-  H200, cost more than the hidden all_gather at those sizes.
+  vLLM #37489 at M = 1 (548 us); where the model still misses there, the published unfused (baseline) time is
+  above the model's device time for it: the benchmark's own per-call overhead, which the model has no
+  measurement of. The kraken table times device time (CUDA events, the host queued ahead of the GPU, read from
+  its benchmark's source), and there the published fused time (0.61-0.76 ms, flat in M) is well above the
+  model's device time for the same op (0.39-0.48 ms): a cost per pipeline step, synchronised across the 8 GPUs,
+  that a one-GPU measurement cannot see and that no collected table holds. The term-by-term list under the table
+  shows, for each miss, whether the model's value is set by the host floor or by device time. Timed as device
+  time (CUDA graphs) the vLLM #37489 ratios at small M stay misses: the chunk matmuls' weight re-reads, measured
+  on the H200, cost more than the hidden all_gather at those sizes.
 - No term was adjusted to close a miss: a published figure decides nothing in the model.
 - Training figures (PyTorch's post, torchtitan) are end-to-end or forward-only training steps with backward,
   recomputation, FSDP and the optimizer; the model predicts one forward decoder layer.
