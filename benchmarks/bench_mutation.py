@@ -54,6 +54,8 @@ class Target:
 # mutmut's instrumentation of capture.py replaces: they run in the suite, not under mutation of that file.
 _RUNS_DYNAMO = ("test_a_variant_never_runs_another_variants_capture_whose_guards_fail",
                 "test_one_compiled_model_called_in_two_dtypes_answers_in_each")
+# The exported torch.compile snippet compiled under a fake group: the export is guarded by the other tests there.
+_COMPILES_SNIPPET = "test_torch_compile_snippet_fuses_from_the_tuned_count_on_the_registered_group"
 
 TARGETS = {
     "paths": Target("sp_lab/paths.py", ("tests/test_paths.py",)),
@@ -68,7 +70,11 @@ TARGETS = {
                            deselect=tuple(f"tests/test_cache_keys.py::{test}" for test in _RUNS_DYNAMO)),
     "cache_keys": Target("sp_lab/compiler/artifact_cache.py", ("tests/test_cache_keys.py",),
                          ("range_key", "_input_key", "cache_dir")),
-    "export": Target("sp_lab/tuning/export.py", ("tests/test_config.py", "tests/test_model_sp.py")),
+    "export": Target("sp_lab/tuning/export.py", ("tests/test_config.py", "tests/test_model_sp.py",
+                                                "tests/test_exports_applied.py", "tests/test_vllm_releases.py",
+                                                "tests/test_serving_on_rows.py"),
+                     deselect=("tests/test_config.py::test_effective_gloo_two_ranks",
+                               f"tests/test_exports_applied.py::{_COMPILES_SNIPPET}")),
     "crossover": Target("sp_lab/tuning/predict/crossover.py", ("tests/test_crossover.py",)),
 }
 
