@@ -72,7 +72,7 @@ TARGETS = {
                          ("range_key", "_input_key", "cache_dir")),
     "export": Target("sp_lab/tuning/export.py", ("tests/test_config.py", "tests/test_model_sp.py",
                                                 "tests/test_exports_applied.py", "tests/test_vllm_releases.py",
-                                                "tests/test_serving_on_rows.py"),
+                                                "tests/test_serving_on_rows.py", "tests/test_export_file.py"),
                      deselect=("tests/test_config.py::test_effective_gloo_two_ranks",
                                f"tests/test_exports_applied.py::{_COMPILES_SNIPPET}")),
     "crossover": Target("sp_lab/tuning/predict/crossover.py", ("tests/test_crossover.py",)),
