@@ -3,9 +3,12 @@ model whose vLLM release gates its own SP by tokens (the patch written beside th
 an older or hand-edited file may hold it."""
 
 import json
+import re
 
 import polars as pl
+import pytest
 
+from sp_lab.bench.store import data_hash
 from sp_lab.config import LabConfig
 from sp_lab.tuning.export import describe_file, export_config, patch_path, serving_line
 
@@ -81,3 +84,109 @@ def test_a_serving_section_without_its_workload_still_reads_as_a_line():
         "serving (? traffic, measured rows): not priced: no decode rows")
     line = serving_line({"sentence": "sp+async_tp from 64: pays.", "scheduler": {"max_num_batched_tokens": 256}})
     assert line == "serving (? traffic, budget 256 tokens): sp+async_tp from 64: pays."
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()]
+
+
+def test_the_description_says_policy_regret_machine_release_gates_and_next_step_line_by_line(tmp_path):
+    """Every line describe_file writes for a GPU export to vLLM 0.31, as a person reads it: the policy and its regret
+    on the rows, the machine (device, backend, model, tp, dtype, torch, rows), the release and why it was chosen, the
+    serve line, the model-code gates with the file they are in, torch.compile's settings and snippet, the next step."""
+    rows = _sweep_rows("llama-3-70b")
+    path = export_config(rows, CONFIG, tmp_path, chosen_in="test", vllm_release="0.31")
+    stem = path.stem
+    lines = _lines(describe_file(path))
+    assert lines[0] == f"tuned config -> {path}"
+    assert lines[1] == "policy: baseline below 256, sp+async_tp from 256; regret on the 15 measured rows: worst 0.0%, total 0.0%"
+    # which torch the file names (the exporter's, not the rows' torch_version) is left open here
+    assert lines[2].startswith("tuned on: NVIDIA H200 (nccl), llama-3-70b, tp 4, bfloat16, torch ")
+    assert lines[2].endswith(f", rows {data_hash(rows)}")
+    assert lines[3].startswith("vLLM 0.31.0 (chosen): In vLLM 0.31.0 this runs SP + AsyncTP from 256 tokens")
+    assert lines[4].startswith("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4")
+    assert lines[5] == ("model code (hand-written SP): SP pays per layer from 64 tokens per rank (256 of the whole batch); "
+                        "per matmul: min_tokens_per_rank(k, n, dtype, tp) and min_tokens(...) (whole batch) in "
+                        f"{stem}.min_tokens_per_rank.py")
+    assert lines[6] == ("torch.compile: micro-pipeline TP needs torch._inductor.config._micro_pipeline_tp = True and "
+                        "enable_symm_mem_for_group(group_name) on the TP group, and has no token gate of its own; "
+                        f"{stem}.torch_compile.py fuses from 256 tokens of the whole batch (two compiled programs, "
+                        "picked per call)")
+    assert lines[7:] == ["next: serve with the line above and compare throughput with the same line for 'never'"]
+
+
+def test_a_policy_the_release_cannot_run_names_the_closest_choice_with_its_regret(tmp_path):
+    """The newest release (the default) cannot run a token gate: the description says it is the newest known, lists
+    the closest choice it can run with that choice's regret on the rows (never: 20 us of 80 lost at each of the three
+    sizes where sp+async_tp was faster), and serves that choice."""
+    path = export_config(_sweep_rows("llama-3-70b"), CONFIG, tmp_path, chosen_in="test")
+    lines = _lines(describe_file(path))
+    assert lines[3].startswith("vLLM 0.34.0 (newest known): vLLM 0.34.0 cannot run this policy")
+    assert lines[4] == "closest it can run: never (worst 25.0%, total 75.0%)"
+    assert lines[5] == "vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4"
+    assert lines[7].startswith("vLLM 0.34.0: vLLM 0.34.0 has no SP for LlamaForCausalLM")
+    regret = json.loads(path.read_text())["vllm"]["closest"]["never"]["regret"]
+    assert regret == {"worst": pytest.approx(0.25), "total": pytest.approx(0.75)}
+
+
+def test_a_policy_that_never_fuses_says_so_in_each_target(tmp_path):
+    never = LabConfig(tp_size=4, enable_sp=False, enable_async_tp=False, max_num_tokens=8192)
+    path = export_config(_sweep_rows("llama-3-70b"), never, tmp_path, chosen_in="test", vllm_release="0.31")
+    lines = _lines(describe_file(path))
+    assert lines[1] == ("policy: baseline everywhere (SP and AsyncTP never); regret on the 15 measured rows: "
+                        "worst 25.0%, total 75.0%")
+    assert lines[5].startswith("model code (hand-written SP): SP never paid per layer; per matmul:")
+    assert lines[6].endswith(f"; the policy never fuses: {path.stem}.torch_compile.py compiles without it")
+    # a file written before the snippet existed: how to apply the gate from sp_lab itself
+    doc = json.loads(path.read_text())
+    del doc["torch_compile"]
+    path.write_text(json.dumps(doc))
+    assert _lines(describe_file(path))[6].endswith(
+        "; sp_lab.compile(model, sp_lab.LabConfig.from_json(path)) applies this gate")
+
+
+def test_the_files_provenance_is_the_rows_and_the_choice(tmp_path):
+    rows = _sweep_rows("llama-3-70b")
+    path = export_config(rows, CONFIG, tmp_path, chosen_in="the tuner", vllm_release="0.31")
+    prov = json.loads(path.read_text())["provenance"]
+    created = prov.pop("created_utc")
+    assert prov.pop("torch")  # the exporter's torch, not the rows' torch_version: left open here
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", created)
+    per_token = {str(t): {"ran": "sp+async_tp" if t >= TUNED else "baseline",
+                          "best": "sp+async_tp" if t >= TUNED else "baseline", "regret_rel": 0.0}
+                 for t in (64, 128, TUNED, 1024, 4096)}
+    assert prov == {
+        "device": "NVIDIA H200", "tp_size": 4, "dtype": "bfloat16",
+        "model": {"name": "llama-3-70b", "hidden_size": 8192, "num_layers": 80,
+                  "vllm_model": "meta-llama/Meta-Llama-3-70B", "architecture": "LlamaForCausalLM"},
+        "data_hash": data_hash(rows), "source": "measured", "sweep_rows": 15, "backend": "nccl", "boundary": None,
+        "chosen_in": "the tuner", "policy": "baseline below 256, sp+async_tp from 256", "async_tp_min_tokens": "256",
+        "regret": {"worst": 0.0, "total": 0.0, "per_token": per_token}}
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"source": "predicted"}, "predicted rows (a model of the GPUs, not a run on them): no GPU measured this policy"),
+    ({"backend": "gloo"}, "gloo on CPU: collectives do not overlap with matmuls there"),
+    ({"device_name": "CPU (AMD EPYC)"}, "gloo on CPU: collectives do not overlap with matmuls there"),
+])
+def test_rows_that_cannot_answer_for_gpus_are_warned_about(tmp_path, changes, why):
+    rows = _sweep_rows("llama-3-70b").with_columns(**{k: pl.lit(v) for k, v in changes.items()})
+    path = export_config(rows, CONFIG, tmp_path, chosen_in="test", vllm_release="0.31", allow_predicted=True)
+    lines = _lines(describe_file(path))
+    assert lines[3].startswith(f"WARNING: tuned on {why}")
+    assert lines[-1] == ("next: measure on the GPUs you serve on: torchrun --nproc-per-node 4 -m sp_lab run "
+                         "--model llama-3-70b --tp 4 --dtype bfloat16")
+
+
+def test_the_release_is_said_to_be_the_installed_one_only_when_it_is(tmp_path, monkeypatch):
+    import sp_lab.tuning.export as E
+
+    path = export_config(_sweep_rows("llama-3-70b"), CONFIG, tmp_path, chosen_in="test", vllm_release="0.31")
+    monkeypatch.setattr(E, "installed_table_release", lambda: "0.31.0")
+    assert _lines(describe_file(path))[3].startswith("vLLM 0.31.0 (installed here): ")
+
+    def unplaceable():
+        raise KeyError("vLLM 0.9.0 is older than every release in the table")
+
+    monkeypatch.setattr(E, "installed_table_release", unplaceable)  # an installed vLLM the table cannot place
+    assert _lines(describe_file(path))[3].startswith("vLLM 0.31.0 (chosen): ")
