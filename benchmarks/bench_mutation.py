@@ -67,7 +67,7 @@ TARGETS = {
                                                  "tests/test_serving_on_rows.py"),
                      deselect=("tests/test_serving_verdict.py::test_predicted_rows_are_the_rows_the_predict_command_prints",
                                "tests/test_serving_on_rows.py::test_run_exports_the_serving_answer_of_the_rows_it_measured")),
-    "model_sp": Target("sp_lab/tuning/model_sp.py", ("tests/test_model_sp.py",),
+    "model_sp": Target("sp_lab/tuning/model_sp.py", ("tests/test_model_sp.py", "tests/test_model_sp_file.py"),
                        pasted=("operand_dtype", "whole_batch")),
     "capture_keys": Target("sp_lab/compiler/capture.py", ("tests/test_cache_keys.py",),
                            ("call_signature", "_tensor_key", "_value_key", "_Identity*", "SharedCaptures*"),
