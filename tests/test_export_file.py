@@ -10,7 +10,7 @@ import pytest
 
 from sp_lab.bench.store import data_hash
 from sp_lab.config import LabConfig
-from sp_lab.tuning.export import describe_file, export_config, patch_path, serving_line
+from sp_lab.tuning.export import describe_file, export_config, export_tuned_config, patch_path, serving_line
 
 TUNED = 256  # whole batch at tp 4: 64 rows per rank
 CONFIG = LabConfig(tp_size=4, async_tp_min_tokens=TUNED, max_num_tokens=8192)
@@ -190,3 +190,17 @@ def test_the_release_is_said_to_be_the_installed_one_only_when_it_is(tmp_path, m
 
     monkeypatch.setattr(E, "installed_table_release", unplaceable)  # an installed vLLM the table cannot place
     assert _lines(describe_file(path))[3].startswith("vLLM 0.31.0 (chosen): ")
+
+
+def test_a_file_written_without_rows_says_what_it_does_not_know(tmp_path):
+    """export_tuned_config without the rows' provenance (a config written by hand or by an older sp_lab): no regret,
+    no row count, no model-level section; the description says so instead of failing."""
+    path = export_tuned_config(CONFIG, directory=tmp_path, device_name="NVIDIA H200",
+                               model_spec={"name": "llama-3-70b"}, dtype="bfloat16", data_hash="abc",
+                               vllm_release="0.31.0")
+    lines = _lines(describe_file(path))
+    # (the missing source leaves two spaces in "the ?  rows": words compared, not spacing)
+    said = "policy: baseline below 256, sp+async_tp from 256; regret on the ? rows: worst n/a, total n/a"
+    assert " ".join(lines[1].split()) == said
+    assert lines[2].startswith("tuned on: NVIDIA H200, llama-3-70b, tp 4, bfloat16, torch ")
+    assert not [line for line in lines if line.startswith("model code")]
