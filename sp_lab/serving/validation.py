@@ -124,7 +124,7 @@ def pays_grid(model: str = "llama-3-70b", tp: int = 8, gpus: Sequence[str] = ("h
               workloads: Sequence[str] = ("chat", "summarization", "decode-heavy", "random"), *, n: int = 600,
               concurrency: int = 64, max_num_batched_tokens: int = 8192) -> list[tuple[str, str, float, str]]:
     """``(gpu, workload, speedup of SP + AsyncTP from its threshold, verdict word)`` over a grid."""
-    from sp_lab.serving.verdict import _judge
+    from sp_lab.serving.verdict import verdict_word
 
     out = []
     limits = SchedulerLimits(max_num_batched_tokens, min(1024, max_num_batched_tokens))
@@ -134,7 +134,7 @@ def pays_grid(model: str = "llama-3-70b", tp: int = 8, gpus: Sequence[str] = ("h
             traffic = workload(name).traffic(n, concurrency=concurrency, max_model_len=_max_model_len(model))
             v = evaluate(curves, traffic, limits=limits)
             r = v.result(v.judged)
-            out.append((gpu, name, r.speedup, _judge(r.speedup, r.interval)))
+            out.append((gpu, name, r.speedup, verdict_word(r.speedup, r.interval)))
     return out
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NOISE_BAND", "HistogramBin", "Percentiles", "PolicyResult", "ThresholdChoice", "TrafficVerdict",
            "count_weights", "evaluate", "per_count_threshold", "speedup_interval", "step_histogram",
-           "traffic_weighted_threshold"]
+           "traffic_weighted_threshold", "verdict_word"]
 
 NOISE_BAND = (0.97, 1.03)
 """Speedups inside this band are "no meaningful benefit" (the seed's serving runs read 0.98-1.02x as noise)."""
@@ -315,7 +315,9 @@ def _interpolated_share(curves: LatencyCurves, policy: ServingPolicy, sched: Sch
     return float(sched.run_time_s[between].sum() / sched.run_time_s.sum())
 
 
-def _judge(speedup: float, interval: tuple[float, float] | None) -> str:
+def verdict_word(speedup: float, interval: tuple[float, float] | None) -> str:
+    """"pays", "costs" or "no meaningful benefit": ``speedup`` outside :data:`NOISE_BAND` and its 95% ``interval``
+    (when there is one) clear of 1.0, or neither."""
     lo, hi = NOISE_BAND
     uncertain = interval is not None and interval[0] <= 1.0 <= interval[1]
     if speedup >= hi and not uncertain:
@@ -326,7 +328,7 @@ def _judge(speedup: float, interval: tuple[float, float] | None) -> str:
 
 
 def _sentence(judged: PolicyResult, histogram: Sequence[HistogramBin], threshold: int | None, source: str) -> str:
-    verdict = _judge(judged.speedup, judged.interval)
+    verdict = verdict_word(judged.speedup, judged.interval)
     ci = "" if judged.interval is None else f" (95% interval {judged.interval[0]:.2f}-{judged.interval[1]:.2f}x)"
     if threshold is None:
         where = "SP + AsyncTP never wins at a row count, so this policy runs baseline at every step"
