@@ -62,11 +62,10 @@ TARGETS = {
     "config": Target("sp_lab/config.py", ("tests/test_config.py",),
                      deselect=("tests/test_config.py::test_effective_gloo_two_ranks",)),
     "policy": Target("sp_lab/tuning/policy.py", ("tests/test_policy.py",)),
-    # traffic_regret is tested by the serving tests; their two slow ones (a prediction, a whole `run`) are left out
-    "regret": Target("sp_lab/tuning/regret.py", ("tests/test_policy.py", "tests/test_serving_verdict.py",
-                                                 "tests/test_serving_on_rows.py"),
-                     deselect=("tests/test_serving_verdict.py::test_predicted_rows_are_the_rows_the_predict_command_prints",
-                               "tests/test_serving_on_rows.py::test_run_exports_the_serving_answer_of_the_rows_it_measured")),
+    # traffic_regret is tested by the serving verdict's tests (less their 9 s prediction of a 7B model);
+    # test_serving_on_rows (the tuner's weighted regret, 1-8 s a test) would triple the time of every mutant
+    "regret": Target("sp_lab/tuning/regret.py", ("tests/test_policy.py", "tests/test_serving_verdict.py"),
+                     deselect=("tests/test_serving_verdict.py::test_predicted_rows_are_the_rows_the_predict_command_prints",)),
     "model_sp": Target("sp_lab/tuning/model_sp.py", ("tests/test_model_sp.py", "tests/test_model_sp_file.py"),
                        pasted=("operand_dtype", "whole_batch")),
     "capture_keys": Target("sp_lab/compiler/capture.py", ("tests/test_cache_keys.py",),

@@ -265,3 +265,174 @@ def test_rows_written_before_intervals_use_their_spread(tmp_path):
     assert rows["ci_low_us"].null_count() == rows.height  # read, with the new columns null
     rec = recommend(rows, LabConfig())
     assert rec.noise_known and rec.policy.threshold == 256
+
+
+def test_every_candidate_is_scored_on_the_medians_and_the_best_found():
+    """No intervals: every resample equals the medians. Fusion wins by 10 us at 16 tokens, loses 10 us at 64 and wins
+    100 us at 256, so no one-threshold policy follows the best variant everywhere; sp+async_tp everywhere loses least
+    (10/200 at 64), and it is the only policy as good as itself."""
+    latency = {(16, "baseline"): 100.0, (16, "sp+async_tp"): 90.0, (64, "baseline"): 200.0,
+               (64, "sp+async_tp"): 210.0, (256, "baseline"): 400.0, (256, "sp+async_tp"): 300.0}
+    rows = [{"num_tokens": t, "variant": v, "latency_us": us} for (t, v), us in latency.items()]
+    rec = recommend(rows, LabConfig())
+    assert rec.best == rec.policy == Policy.constant("sp+async_tp") and rec.indistinguishable == (rec.policy,)
+    assert (rec.total_regret, rec.worst_regret) == pytest.approx((0.05, 0.05))
+    assert rec.total_interval == rec.worst_interval == pytest.approx((0.05, 0.05))  # no noise: no spread
+    assert rec.table["regret_rel"].to_list() == pytest.approx([0.0, 0.05, 0.0])
+    assert rec.second_threshold is None and rec.n_boot == 400  # no sp rows: no two-threshold policy
+    c = rec.candidates
+    assert c.columns == ["policy", "thresholds", "total_regret", "worst_regret", "rewrites", "p_as_good",
+                         "distinguishable"]
+    assert c["policy"].to_list() == ["baseline everywhere (SP and AsyncTP never)", "sp+async_tp everywhere",
+                                     "baseline below 64, sp+async_tp from 64", "baseline below 256, sp+async_tp from 256"]
+    assert c["thresholds"].to_list() == ["never", "never", "64", "256"]
+    assert c["total_regret"].to_list() == pytest.approx([10 / 90 + 100 / 300, 10 / 200, 10 / 90 + 10 / 200, 10 / 90])
+    assert c["worst_regret"].to_list() == pytest.approx([100 / 300, 10 / 200, 10 / 90, 10 / 90])
+    assert c["rewrites"].to_list() == [0, 6, 4, 2]
+    assert c["p_as_good"].to_list() == [0.0, 1.0, 0.0, 0.0]
+    assert c["distinguishable"].to_list() == [True, False, True, True]
+
+
+def test_a_policy_reads_the_source_asked_for_and_refuses_a_mix():
+    """Measured rows cross at 256; simulated rows of the same setup say fusion wins everywhere. Pooled unlabelled
+    they would give neither answer."""
+    measured = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "source": "measured"}
+                             for t in TOKENS for v, f in CROSSING.items()])
+    simulated = measured.with_columns(
+        source=pl.lit("simulated"),
+        latency_us=pl.when(pl.col("variant") == "sp+async_tp").then(pl.col("latency_us") / 10).otherwise(
+            pl.col("latency_us")))
+    both = pl.concat([measured, simulated])
+    with pytest.raises(ValueError, match=r"rows mix sources \['measured', 'simulated'\]"):
+        recommend(both, LabConfig())
+    rec = recommend(both, LabConfig(), source="measured")
+    assert rec.policy.name == "baseline below 256, sp+async_tp from 256"
+    assert rec.table.equals(regret_table(measured, rec.config))  # the table of the same rows
+    assert recommend(both, LabConfig(), source="simulated").policy.name == "sp+async_tp everywhere"
+
+
+def test_a_policy_without_the_rows_it_needs_says_which_rows_there_are():
+    def rows(points: dict[str, list[int]]) -> list[dict]:
+        return [{"num_tokens": t, "variant": v, "latency_us": 100.0} for v, ts in points.items() for t in ts]
+
+    needs = "a policy needs 'baseline' and at least one of 'sp' / 'sp+async_tp' measured at the same token counts; "
+    for points, have in (({"sp": [8]}, "sp at [8]"),
+                         ({"baseline": [8, 16]}, "baseline at [8, 16]"),
+                         ({"baseline": [16, 8], "sp+async_tp": [32]}, "baseline at [8, 16]; sp+async_tp at [32]"),
+                         ({"tuned": [8]}, "no reference variant")):
+        with pytest.raises(ValueError) as refused:
+            recommend(rows(points), LabConfig())
+        assert str(refused.value) == needs + "the rows have " + have
+
+
+def test_a_policy_refuses_rows_of_two_setups():
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "dtype": dtype}
+                         for t in TOKENS for v, f in CROSSING.items() for dtype in ("bfloat16", "float8")])
+    with pytest.raises(ValueError, match="rows of 2 setups .*: a policy is made for one setup"):
+        recommend(rows, LabConfig())
+
+
+def test_the_noise_of_small_latencies_is_noise_too():
+    """Kernels of tens of microseconds have standard errors well below 1 us: still noise, still resampled."""
+    small = {"baseline": lambda t: 1.0 + t / 100, "sp": lambda t: 1.5 + t / 100, "sp+async_tp": lambda t: 2.0 + t / 200}
+    rows = noisy_rows(small, seed=3)  # CROSSING / 100
+    assert (rows["ci_high_us"] - rows["ci_low_us"]).max() < 1.0
+    rec = recommend(rows, LabConfig())
+    assert rec.noise_known and rec.noise_line() == "no other one-threshold policy is within noise (400 resamples)"
+
+
+def test_every_two_threshold_candidate_is_scored_beside_the_one_threshold_ones():
+    """Medians without intervals: sp pays from 64, sp+async_tp from 512 (the staged rows of the second-threshold
+    test). The two-threshold policies are scored in the same table, their thresholds listed "64,512"."""
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.9),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    rows = [{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in staged.items()]
+    rec = recommend(rows, LabConfig())
+    c = rec.candidates
+    singles = c.filter(pl.col("thresholds").str.count_matches(",") == 0)
+    doubles = c.filter(pl.col("thresholds").str.count_matches(",") == 1)
+    assert singles.height == 3 + 3 * 5 and doubles.height == 10  # 3 constants, 3 pairs x 5 switches; C(5, 2)
+    best = doubles.filter(pl.col("policy") == "baseline below 64, sp from 64, sp+async_tp from 512").row(0, named=True)
+    assert best["thresholds"] == "64,512" and best["total_regret"] == pytest.approx(0.0)
+    assert best["rewrites"] == 3 * 1 + 2 * 2 and best["p_as_good"] == 1.0 and not best["distinguishable"]
+    # every other one loses somewhere; as good as the best one-threshold policy (sp below 512, fused from 512: it
+    # loses 20% at 16 tokens) in every resample, or in none (the resamples equal the medians)
+    assert singles.sort("total_regret").row(0, named=True)["total_regret"] == pytest.approx(0.2)
+    others = doubles.filter(pl.col("policy") != best["policy"])
+    assert (others["total_regret"] > 0).all()
+    assert others["p_as_good"].to_list() == [float(t <= 0.2 + 1e-9) for t in others["total_regret"]]
+    assert others["distinguishable"].to_list() == [t > 0.2 + 1e-9 for t in others["total_regret"]]
+    assert rec.second_threshold.gain == pytest.approx(rec.total_regret) and rec.second_threshold.beyond_noise
+
+
+def test_the_candidates_scores_are_the_medians_scores_not_a_resamples():
+    """With noise, the candidates table and the chosen policy's regret still come from the medians themselves, and
+    the regret's intervals from the resamples (sp 3% faster than baseline from 64 on, fusion 30% from 512: the
+    chosen one-threshold policy loses 3% at 64, 128 and 256)."""
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.97),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "ci_low_us": f(t) * 0.95,
+                          "ci_high_us": f(t) * 1.05} for t in TOKENS for v, f in staged.items()])
+    rec = recommend(rows, LabConfig())
+    assert rec.total_interval[0] < rec.total_regret < rec.total_interval[1]
+    assert rec.worst_interval[0] < rec.worst_regret < rec.worst_interval[1]
+    again = recommend(rows, LabConfig())  # the resamples are seeded: the same rows, the same intervals
+    assert (again.total_interval, again.worst_interval) == (rec.total_interval, rec.worst_interval)
+    chosen = rec.candidates.filter(pl.col("policy") == rec.policy.name).row(0, named=True)
+    assert chosen["total_regret"] == pytest.approx(rec.total_regret)
+    assert chosen["worst_regret"] == pytest.approx(rec.worst_regret)
+    # the best is the best on the medians, also where the noise reorders the policies in many resamples
+    for seed in range(5):
+        near = recommend(noisy_rows({"baseline": lambda t: 100.0 + t, "sp+async_tp": lambda t: 100.0 + t}, seed=seed),
+                         LabConfig())
+        singles = near.candidates.filter(pl.col("thresholds").str.count_matches(",") == 0)
+        assert near.best.name == singles.sort("total_regret", "worst_regret", "rewrites")["policy"][0]
+
+
+def test_rows_whose_fusion_did_not_fire_are_warned_about_once():
+    import warnings
+
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "fusion_missing": False}
+                         for t in TOKENS for v, f in CROSSING.items()])
+    fake = rows.filter(pl.col("num_tokens") == 1024, pl.col("variant") == "sp+async_tp").with_columns(
+        latency_us=pl.lit(1.0), fusion_missing=pl.lit(True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rec = recommend(pl.concat([rows, fake]), LabConfig())
+    assert [str(w.message).split(" were ")[0] for w in caught] == ["1 row(s) whose expected fusion did not fire"]
+    assert rec.policy.name == "baseline below 256, sp+async_tp from 256"
+
+
+def test_a_tie_goes_to_the_variant_rewriting_less_and_only_reference_variants_compete():
+    """At 16 tokens all three reference variants tie, at 64 sp and sp+async_tp; a tuned row faster than all of them
+    is not a reference and never "the fastest variant"; at 256 sp was not measured, so that count is left out."""
+    latency = {(16, "baseline"): 100.0, (16, "sp"): 100.0, (16, "sp+async_tp"): 100.0, (16, "tuned"): 1.0,
+               (64, "baseline"): 300.0, (64, "sp"): 200.0, (64, "sp+async_tp"): 200.0, (64, "tuned"): 1.0,
+               (256, "baseline"): 500.0, (256, "sp+async_tp"): 400.0}
+    rows = [{"num_tokens": t, "variant": v, "latency_us": us} for (t, v), us in latency.items()]
+    table = regret_table(rows, LabConfig(async_tp_min_tokens=16))
+    assert table["num_tokens"].to_list() == [16, 64]
+    assert table["best_variant"].to_list() == ["baseline", "sp"]
+    assert table["best_us"].to_list() == [100.0, 200.0] and table["regret_rel"].to_list() == [0.0, 0.0]
+
+
+def test_a_regret_summed_and_at_its_worst():
+    from sp_lab.tuning.regret import summarize
+
+    rows = [{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in CROSSING.items()]
+    one = regret_table(rows, LabConfig(async_tp_min_tokens=64)).filter(pl.col("num_tokens") == 64)
+    assert summarize(one) == pytest.approx((232 / 164 - 1, 232 / 164 - 1))
+    empty = summarize(one.clear())
+    assert all(np.isnan(x) for x in empty)
+
+
+def test_a_traffic_regret_weighs_each_count_by_its_share_of_the_weights_on_the_table():
+    """Weights need not sum to one (they are normalised over the table's counts); a count outside the table carries
+    no weight; no weight on the table's counts: no answer (nan), never a silent zero."""
+    from sp_lab.tuning.regret import traffic_regret
+
+    table = pl.DataFrame({"num_tokens": [1, 64, 4096], "regret_rel": [0.5, 0.3, 0.0]})
+    assert traffic_regret(table, {1: 2.0, 64: 6.0}) == pytest.approx((2 * 0.5 + 6 * 0.3) / 8)
+    assert traffic_regret(table, {1: 1.0, 8: 100.0, 4096: 1.0}) == pytest.approx(0.25)
+    assert np.isnan(traffic_regret(table, {8: 1.0}))
+    assert np.isnan(traffic_regret(table, {1: 0.0, 64: 0.0}))
