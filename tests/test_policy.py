@@ -436,3 +436,41 @@ def test_a_traffic_regret_weighs_each_count_by_its_share_of_the_weights_on_the_t
     assert traffic_regret(table, {1: 1.0, 8: 100.0, 4096: 1.0}) == pytest.approx(0.25)
     assert np.isnan(traffic_regret(table, {8: 1.0}))
     assert np.isnan(traffic_regret(table, {1: 0.0, 64: 0.0}))
+
+
+def test_alpha_is_at_least_for_the_choice_and_more_than_for_the_second_threshold():
+    """``alpha`` at its edge, 0: every policy is as good as the best in at least 0% of the resamples, so none can be
+    ruled out (none distinguishable) and the least rewriting one runs; a second threshold's saving never holds in
+    more than 100% of them, so it is never beyond noise."""
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.9),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    rows = noisy_rows(staged, noise=0.01)
+    strict = recommend(rows, LabConfig())
+    assert strict.second_threshold.beyond_noise and strict.candidates["distinguishable"].any()
+    edge = recommend(rows, LabConfig(), alpha=0.0)
+    assert edge.policy.name == "baseline everywhere (SP and AsyncTP never)"
+    assert not edge.candidates["distinguishable"].any()
+    assert not edge.second_threshold.beyond_noise
+
+
+def test_the_second_threshold_is_the_best_on_the_medians_and_a_zero_gain_is_no_gain():
+    """sp is 3% faster than baseline from 128 on and 0.2% at 64: with 5% noise the resamples reorder the
+    two-threshold policies switching to sp at 64 and at 128; the one reported is the best on the medians."""
+    near = {"baseline": lambda t: 100.0 + t,
+            "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.998 if t < 128 else 0.97),
+            "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    for seed in range(3):
+        rec = recommend(noisy_rows(near, noise=0.05, seed=seed), LabConfig())
+        doubles = rec.candidates.filter(pl.col("thresholds").str.count_matches(",") == 1).sort("total_regret")
+        assert rec.second_threshold.policy.name == doubles["policy"][0]
+        chosen = rec.candidates.filter(pl.col("policy") == rec.policy.name)["total_regret"][0]
+        assert rec.second_threshold.gain == pytest.approx(chosen - doubles["total_regret"][0])
+    # sp exactly as fast as baseline from 64 on: running it there gains nothing, and is not "beyond noise"
+    same = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 1.0),
+            "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    flat = recommend([{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in same.items()],
+                     LabConfig())
+    assert flat.second_threshold.gain == 0.0 and not flat.second_threshold.beyond_noise
+    tie = flat.candidates.filter(pl.col("policy") == flat.second_threshold.policy.name).row(0, named=True)
+    assert tie["total_regret"] == 0.0 and tie["p_as_good"] == 1.0 and not tie["distinguishable"]  # as good as the best
+    assert flat.describe().splitlines()[-1] == "a second threshold would gain nothing"
