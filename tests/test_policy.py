@@ -387,6 +387,10 @@ def test_the_candidates_scores_are_the_medians_scores_not_a_resamples():
                          LabConfig())
         singles = near.candidates.filter(pl.col("thresholds").str.count_matches(",") == 0)
         assert near.best.name == singles.sort("total_regret", "worst_regret", "rewrites")["policy"][0]
+    # identical medians (and intervals): every policy ties on the medians, and the tie goes to the least rewriting
+    tied = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": 100.0 + t, "ci_low_us": 95.0 + t,
+                          "ci_high_us": 105.0 + t} for t in TOKENS for v in ("baseline", "sp+async_tp")])
+    assert all(recommend(tied, LabConfig(), seed=seed).best == Policy.constant("baseline") for seed in range(4))
 
 
 def test_rows_whose_fusion_did_not_fire_are_warned_about_once():
