@@ -438,8 +438,10 @@ def test_a_traffic_regret_weighs_each_count_by_its_share_of_the_weights_on_the_t
     table = pl.DataFrame({"num_tokens": [1, 64, 4096], "regret_rel": [0.5, 0.3, 0.0]})
     assert traffic_regret(table, {1: 2.0, 64: 6.0}) == pytest.approx((2 * 0.5 + 6 * 0.3) / 8)
     assert traffic_regret(table, {1: 1.0, 8: 100.0, 4096: 1.0}) == pytest.approx(0.25)
+    assert traffic_regret(table, {1: 0.25, 64: 0.25}) == pytest.approx(0.4)  # weights summing to less than one
     assert np.isnan(traffic_regret(table, {8: 1.0}))
     assert np.isnan(traffic_regret(table, {1: 0.0, 64: 0.0}))
+    assert np.isnan(traffic_regret(table, {}))  # a traffic with no steps
 
 
 def test_alpha_is_at_least_for_the_choice_and_more_than_for_the_second_threshold():
