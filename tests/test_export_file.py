@@ -204,3 +204,13 @@ def test_a_file_written_without_rows_says_what_it_does_not_know(tmp_path):
     assert " ".join(lines[1].split()) == said
     assert lines[2].startswith("tuned on: NVIDIA H200, llama-3-70b, tp 4, bfloat16, torch ")
     assert not [line for line in lines if line.startswith("model code")]
+
+
+def test_a_token_gated_model_whose_matmuls_are_unknown_gets_the_sp_gate_alone(tmp_path):
+    """Without per-matmul rows and with a checkpoint sp_lab cannot read the shapes of, there is no qkv gate: the edit
+    sets the SP gate and leaves vLLM's fused all-gather + matmul constant as it is."""
+    path = export_config(_sweep_rows(_muse_spark_checkpoint(tmp_path)), CONFIG, tmp_path / "out", chosen_in="test",
+                         vllm_release="0.34")
+    assert json.loads(path.read_text())["model_sp"]["matmuls"] == []
+    patch = patch_path(path, "0.34.0").read_text()
+    assert "self.sp_min_tokens = 256" in patch and "_FUSED_AG_MATMUL_MIN_TOKENS_PER_RANK" not in patch
