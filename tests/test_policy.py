@@ -480,3 +480,15 @@ def test_the_second_threshold_is_the_best_on_the_medians_and_a_zero_gain_is_no_g
     tie = flat.candidates.filter(pl.col("policy") == flat.second_threshold.policy.name).row(0, named=True)
     assert tie["total_regret"] == 0.0 and tie["p_as_good"] == 1.0 and not tie["distinguishable"]  # as good as the best
     assert flat.describe().splitlines()[-1] == "a second threshold would gain nothing"
+
+
+def test_a_regret_table_of_one_token_count_and_of_none():
+    """One count measured by every variant: one row. No count measured by every variant (a sweep just started):
+    an empty table with the regret's columns and types, so every view can still read it."""
+    rows = [{"num_tokens": 64, "variant": v, "latency_us": f(64)} for v, f in CROSSING.items()]
+    one = regret_table(rows, LabConfig(async_tp_min_tokens=64))
+    assert one["num_tokens"].to_list() == [64] and one["regret_rel"].to_list() == pytest.approx([232 / 164 - 1])
+    started = regret_table([rows[0], {**rows[1], "num_tokens": 16}], LabConfig())
+    assert started.height == 0 and started.schema == pl.Schema(
+        {"num_tokens": pl.Int64, "variant_run": pl.String, "latency_us": pl.Float64, "best_variant": pl.String,
+         "best_us": pl.Float64, "regret_rel": pl.Float64})
