@@ -117,3 +117,10 @@ def test_the_generated_files_docstring_says_where_the_gates_come_from_and_what_t
     layer_only = model_sp_table(_sweep_rows(), late)
     layer_doc = " ".join(layer_only.function_source().split('"""')[1].split())
     assert "worst regret 25.0%, total 25.0% on the sweep rows). Two units:" in layer_doc
+
+
+def test_per_matmul_rows_without_a_single_pair_of_timings_give_no_gate_and_no_regret():
+    rows = pl.DataFrame([_matmul(256, None, 100.0, m_padded=256), _matmul(1024, None, 300.0, m_padded=1024)])
+    table = model_sp_table(_sweep_rows(), CONFIG, matmul_rows=rows)
+    assert [(m.name, m.min_tokens_per_rank) for m in table.matmuls] == [("qkv", None)]
+    assert table.regret["per_matmul"] == 0.0  # nothing compared, nothing lost (not a division by zero)
