@@ -124,3 +124,9 @@ def test_per_matmul_rows_without_a_single_pair_of_timings_give_no_gate_and_no_re
     table = model_sp_table(_sweep_rows(), CONFIG, matmul_rows=rows)
     assert [(m.name, m.min_tokens_per_rank) for m in table.matmuls] == [("qkv", None)]
     assert table.regret["per_matmul"] == 0.0  # nothing compared, nothing lost (not a division by zero)
+
+
+def test_a_tie_is_not_a_win_for_the_fused_form():
+    """Fusing where it is only as fast as the collective and the matmul apart gains nothing: a tie is a loss."""
+    rows = pl.DataFrame([_matmul(256, 80.0, 100.0, m_padded=256), _matmul(1024, 300.0, 300.0, m_padded=1024)])
+    assert crossover_per_rank(rows) is None
