@@ -492,3 +492,69 @@ def test_a_regret_table_of_one_token_count_and_of_none():
     assert started.height == 0 and started.schema == pl.Schema(
         {"num_tokens": pl.Int64, "variant_run": pl.String, "latency_us": pl.Float64, "best_variant": pl.String,
          "best_us": pl.Float64, "regret_rel": pl.Float64})
+
+
+def test_rows_of_one_source_are_chosen_by_name_or_by_preference_and_refused_naming_what_there_is():
+    from sp_lab.tuning.regret import as_frame, one_source
+
+    rows = pl.DataFrame({"num_tokens": [1, 1, 1], "variant": ["baseline"] * 3, "latency_us": [1.0, 2.0, 3.0],
+                         "source": ["measured", "rehearsal", "replayed"]})
+    assert one_source(rows, "rehearsal")["latency_us"].to_list() == [2.0]
+    assert one_source(rows, prefer=("predicted", "replayed", "measured"))["latency_us"].to_list() == [3.0]
+    assert one_source(rows.drop("source")).equals(rows.drop("source"))  # rows that say nothing of a source
+    assert one_source(rows.head(1)).equals(rows.head(1))
+    with pytest.raises(ValueError) as refused:
+        one_source(rows, prefer=("predicted", "simulated"), option="--source ")
+    assert str(refused.value) == ("no predicted or simulated rows (the rows have ['measured', 'rehearsal', "
+                                  "'replayed']); pass --source measured or --source rehearsal or --source replayed "
+                                  "to use those rows")
+    with pytest.raises(ValueError) as refused:
+        one_source(rows, prefer=("predicted",))
+    assert "pass source=measured or source=rehearsal or source=replayed to use" in str(refused.value)
+    with pytest.raises(ValueError) as refused:
+        one_source(rows, "predicted")
+    assert str(refused.value) == "no rows with source='predicted'; the rows have ['measured', 'rehearsal', 'replayed']"
+    with pytest.raises(ValueError) as refused:
+        as_frame([{"num_tokens": 1, "variant": "baseline"}])
+    assert str(refused.value) == "rows lack columns ['latency_us']; need num_tokens, variant, latency_us (+ source)"
+
+
+def test_medians_carry_the_standard_error_of_each_median():
+    """From the 95% interval: its width / (2 x 1.96). From a p10-p90 spread (rows written before intervals): the
+    spread / 2.563 standard deviations x 1.2533 / sqrt(repeats). Neither: 0. Rows whose fusion_missing is unknown
+    (null) are kept, with no warning."""
+    import warnings
+
+    from sp_lab.tuning.regret import medians
+
+    ci = pl.DataFrame({"num_tokens": [1, 2], "variant": ["baseline"] * 2, "latency_us": [10.0, 20.0],
+                       "ci_low_us": [9.0, 18.0], "ci_high_us": [11.0, 22.0], "fusion_missing": [None, False]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pooled = medians(ci)
+    assert pooled["se_us"].to_list() == pytest.approx([2 / (2 * 1.959964), 4 / (2 * 1.959964)])
+    spread = pl.DataFrame({"num_tokens": [1], "variant": ["baseline"], "latency_us": [10.0], "p10_us": [8.0],
+                           "p90_us": [12.0], "repeats": [16]})
+    assert medians(spread)["se_us"].to_list() == pytest.approx([4 / 2.563 * 1.2533 / 4])
+    bare = medians(spread.drop("p10_us"))
+    assert bare["se_us"].to_list() == [0.0] and bare["n"].to_list() == [1]
+    grid = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": 1.0} for v in ("sp+async_tp", "sp", "baseline")
+                         for t in reversed(TOKENS)])
+    assert medians(grid).select("num_tokens", "variant").rows() == [(t, v) for t in TOKENS
+                                                                     for v in ("baseline", "sp", "sp+async_tp")]
+
+
+def test_the_fusion_warning_names_the_rows_and_points_at_the_caller():
+    import warnings
+
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "fusion_missing": t == 1024 and v != "baseline"}
+                         for t in TOKENS for v, f in CROSSING.items()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        regret_table(rows, LabConfig())
+        recommend(rows, LabConfig())
+    for w in caught:
+        assert str(w.message) == ("2 row(s) whose expected fusion did not fire were left out ([('sp', 1024), "
+                                  "('sp+async_tp', 1024)]): they time another program than their variant")
+        assert w.filename == __file__  # the line that called regret_table / recommend, not sp_lab's own
+    assert len(caught) == 2
