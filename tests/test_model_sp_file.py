@@ -130,3 +130,21 @@ def test_a_tie_is_not_a_win_for_the_fused_form():
     """Fusing where it is only as fast as the collective and the matmul apart gains nothing: a tie is a loss."""
     rows = pl.DataFrame([_matmul(256, 80.0, 100.0, m_padded=256), _matmul(1024, 300.0, 300.0, m_padded=1024)])
     assert crossover_per_rank(rows) is None
+
+
+def test_no_sweep_rows_is_refused_with_what_to_run():
+    with pytest.raises(ValueError, match=r"^no sweep rows: run a sweep first \(python -m sp_lab run\)$"):
+        model_sp_table(_sweep_rows().clear(), CONFIG)
+
+
+def test_the_table_does_not_repeat_the_warning_about_rows_whose_fusion_did_not_fire():
+    """The tuner's regret already warned about such rows (left out of the medians); the model-level table, built from
+    the same rows at export, leaves them out without a second warning."""
+    import warnings
+
+    rows = _sweep_rows().with_columns(fusion_missing=pl.lit(False))
+    rows = pl.concat([rows, rows.head(1).with_columns(fusion_missing=pl.lit(True), latency_us=pl.lit(1.0))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = model_sp_table(rows, CONFIG)
+    assert table.regret["layer"] == {"worst": 0.0, "total": 0.0}  # the 1 us row that ran another program left out
