@@ -558,3 +558,29 @@ def test_the_fusion_warning_names_the_rows_and_points_at_the_caller():
                                   "('sp+async_tp', 1024)]): they time another program than their variant")
         assert w.filename == __file__  # the line that called regret_table / recommend, not sp_lab's own
     assert len(caught) == 2
+
+
+def test_a_recommendation_without_noise_says_its_figures_and_why_it_cannot_judge_the_noise():
+    """Fusion wins by 10% at 16 tokens, loses 50% at 64, wins 25% at 256: the switch at 256 loses 1/9 at 16; with
+    no intervals each interval is the figure itself. The staged rows' second threshold gains 20 points and cannot
+    be judged against noise."""
+    latency = {(16, "baseline"): 100.0, (16, "sp+async_tp"): 90.0, (64, "baseline"): 200.0,
+               (64, "sp+async_tp"): 300.0, (256, "baseline"): 400.0, (256, "sp+async_tp"): 300.0}
+    rec = recommend([{"num_tokens": t, "variant": v, "latency_us": us} for (t, v), us in latency.items()], LabConfig())
+    assert rec.summary() == ("baseline below 256, sp+async_tp from 256: worst regret 11.1% (95% interval 11.1-11.1%), "
+                             "summed over the token counts 11.1% (11.1-11.1%)")
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.9),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7)}
+    rec = recommend([{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in staged.items()],
+                    LabConfig())
+    assert rec.describe().splitlines()[1:] == [
+        "the rows carry no interval: the choice ignores noise",
+        ("a second threshold (baseline below 64, sp from 64, sp+async_tp from 512) would lower the summed regret by "
+         "20.0 points (rows carry no interval)")]
+
+
+def test_candidate_policies_have_one_threshold_unless_asked_for_more():
+    three = ["baseline", "sp", "sp+async_tp"]
+    assert len(candidate_policies(TOKENS, three)) == 3 + 3 * 5  # constants; three pairs x five switch points
+    assert all(len(p.thresholds) <= 1 for p in candidate_policies(TOKENS, three))
+    assert len(candidate_policies(TOKENS, three, thresholds=2)) == 3 + 3 * 5 + 10  # and C(5, 2) two-switch chains
