@@ -584,3 +584,12 @@ def test_candidate_policies_have_one_threshold_unless_asked_for_more():
     assert len(candidate_policies(TOKENS, three)) == 3 + 3 * 5  # constants; three pairs x five switch points
     assert all(len(p.thresholds) <= 1 for p in candidate_policies(TOKENS, three))
     assert len(candidate_policies(TOKENS, three, thresholds=2)) == 3 + 3 * 5 + 10  # and C(5, 2) two-switch chains
+
+
+def test_a_variant_measured_more_often_than_another_weighs_the_same():
+    """Baseline swept twice, the other variants once: the medians pool each, and the recommendation is that of the
+    rows swept once."""
+    once = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in CROSSING.items()])
+    twice = pl.concat([once, once.filter(pl.col("variant") == "baseline")])
+    rec, ref = recommend(twice, LabConfig()), recommend(once, LabConfig())
+    assert rec.policy == ref.policy and rec.candidates.equals(ref.candidates)
