@@ -148,3 +148,14 @@ def test_the_table_does_not_repeat_the_warning_about_rows_whose_fusion_did_not_f
         warnings.simplefilter("error")
         table = model_sp_table(rows, CONFIG)
     assert table.regret["layer"] == {"worst": 0.0, "total": 0.0}  # the 1 us row that ran another program left out
+
+
+def test_a_rules_gates_keep_each_matmuls_side():
+    """The side (all-gather before, reduce-scatter after) names the fused kernel a gate is for; vLLM's fused
+    all-gather + matmul takes qkv's all-gather gate, so a rule's gates must keep it as the layer's do."""
+    from sp_lab.rules import MatmulRule
+
+    ruled = LabConfig(tp_size=4, async_tp_min_tokens=256, max_num_tokens=8192, heuristic=MatmulRule.always("fuse"))
+    sides = [(m.name, m.side) for m in model_sp_table(_sweep_rows(), ruled).matmuls]
+    assert sides == [("qkv", "ag"), ("o_proj", "rs"), ("gate_up", "ag"), ("down", "rs")]
+    assert sides == [(m.name, m.side) for m in model_sp_table(_sweep_rows(), CONFIG).matmuls]
