@@ -72,6 +72,8 @@ def test_no_per_matmul_rows_means_the_layer_gate_and_a_model_not_read_means_no_m
     empty = pl.DataFrame(schema=pl.DataFrame([_matmul(16, 1.0, 1.0)]).schema)
     table = model_sp_table(_sweep_rows(), CONFIG, matmul_rows=empty)
     assert {(m.min_tokens_per_rank, m.basis) for m in table.matmuls} == {(64, LAYER_SWEEP)}
+    assert {(m.dtype, m.tp) for m in table.matmuls} == {("bfloat16", 4)}
+    assert table.lookup(8192, 2560, "bf16", 4) == 64  # qkv of llama-3-70b at tp 4, the layer's gate
     assert table.regret["per_matmul"] is None and "matmul_rows" not in table.provenance
     unknown = model_sp_table(_sweep_rows(model="no-such-model"), CONFIG)
     assert unknown.matmuls == () and unknown.sp_min_tokens_per_rank == 64
