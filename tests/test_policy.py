@@ -593,3 +593,20 @@ def test_a_variant_measured_more_often_than_another_weighs_the_same():
     twice = pl.concat([once, once.filter(pl.col("variant") == "baseline")])
     rec, ref = recommend(twice, LabConfig()), recommend(once, LabConfig())
     assert rec.policy == ref.policy and rec.candidates.equals(ref.candidates)
+
+
+def test_rows_outside_the_complete_counts_and_a_second_threshold_that_still_loses_somewhere():
+    """A count only baseline reached (a sweep in progress) changes nothing. Fusion loses its lead at 1024 tokens
+    (0.95 against sp's 0.9), so even the best two-threshold policy keeps a regret there: the gain is the difference
+    of the two policies' regrets, not either alone."""
+    staged = {"baseline": lambda t: 100.0 + t, "sp": lambda t: (100.0 + t) * (1.2 if t < 64 else 0.9),
+              "sp+async_tp": lambda t: (100.0 + t) * (1.5 if t < 512 else 0.7 if t < 1024 else 0.95)}
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t)} for t in TOKENS for v, f in staged.items()])
+    rec = recommend(rows, LabConfig())
+    extra = recommend(pl.concat([rows, pl.DataFrame({"num_tokens": [2048], "variant": ["baseline"],
+                                                     "latency_us": [1.0]})]), LabConfig())
+    assert extra.policy == rec.policy and extra.candidates.equals(rec.candidates)
+    second = rec.second_threshold
+    assert second.policy.name == "baseline below 64, sp from 64, sp+async_tp from 512"
+    chosen = rec.candidates.filter(pl.col("policy") == rec.policy.name)["total_regret"][0]
+    assert second.gain == pytest.approx(chosen - (0.95 / 0.9 - 1)) and 0 < second.gain < chosen
