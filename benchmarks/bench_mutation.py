@@ -57,15 +57,19 @@ _RUNS_DYNAMO = ("test_a_variant_never_runs_another_variants_capture_whose_guards
 # The exported torch.compile snippet compiled under a fake group: the export is guarded by the other tests there.
 _COMPILES_SNIPPET = "test_torch_compile_snippet_fuses_from_the_tuned_count_on_the_registered_group"
 
+# A warning's stacklevel counts frames, and mutmut's trampoline around each mutated function adds one.
+_WARNS_AT_CALLER = "tests/test_policy.py::test_the_fusion_warning_points_at_the_caller"
+
 TARGETS = {
     "paths": Target("sp_lab/paths.py", ("tests/test_paths.py",)),
     "config": Target("sp_lab/config.py", ("tests/test_config.py",),
                      deselect=("tests/test_config.py::test_effective_gloo_two_ranks",)),
-    "policy": Target("sp_lab/tuning/policy.py", ("tests/test_policy.py",)),
+    "policy": Target("sp_lab/tuning/policy.py", ("tests/test_policy.py",), deselect=(_WARNS_AT_CALLER,)),
     # traffic_regret is tested by the serving verdict's tests (less their 9 s prediction of a 7B model);
     # test_serving_on_rows (the tuner's weighted regret, 1-8 s a test) would triple the time of every mutant
     "regret": Target("sp_lab/tuning/regret.py", ("tests/test_policy.py", "tests/test_serving_verdict.py"),
-                     deselect=("tests/test_serving_verdict.py::test_predicted_rows_are_the_rows_the_predict_command_prints",)),
+                     deselect=("tests/test_serving_verdict.py::test_predicted_rows_are_the_rows_the_predict_command_prints",
+                               _WARNS_AT_CALLER)),
     "model_sp": Target("sp_lab/tuning/model_sp.py", ("tests/test_model_sp.py", "tests/test_model_sp_file.py"),
                        pasted=("operand_dtype", "whole_batch")),
     "capture_keys": Target("sp_lab/compiler/capture.py", ("tests/test_cache_keys.py",),

@@ -544,20 +544,32 @@ def test_medians_carry_the_standard_error_of_each_median():
                                                                      for v in ("baseline", "sp", "sp+async_tp")]
 
 
-def test_the_fusion_warning_names_the_rows_and_points_at_the_caller():
+def _rows_whose_fusion_did_not_fire_at_1024() -> pl.DataFrame:
+    return pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "fusion_missing": t == 1024 and v != "baseline"}
+                         for t in TOKENS for v, f in CROSSING.items()])
+
+
+def test_the_fusion_warning_names_the_rows():
     import warnings
 
-    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": f(t), "fusion_missing": t == 1024 and v != "baseline"}
-                         for t in TOKENS for v, f in CROSSING.items()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        regret_table(_rows_whose_fusion_did_not_fire_at_1024(), LabConfig())
+    assert [str(w.message) for w in caught] == [
+        ("2 row(s) whose expected fusion did not fire were left out ([('sp', 1024), ('sp+async_tp', 1024)]): they "
+         "time another program than their variant")]
+
+
+def test_the_fusion_warning_points_at_the_caller():
+    """Not run under mutation (benchmarks/bench_mutation.py): mutmut's trampolines add stack frames."""
+    import warnings
+
+    rows = _rows_whose_fusion_did_not_fire_at_1024()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         regret_table(rows, LabConfig())
         recommend(rows, LabConfig())
-    for w in caught:
-        assert str(w.message) == ("2 row(s) whose expected fusion did not fire were left out ([('sp', 1024), "
-                                  "('sp+async_tp', 1024)]): they time another program than their variant")
-        assert w.filename == __file__  # the line that called regret_table / recommend, not sp_lab's own
-    assert len(caught) == 2
+    assert [w.filename for w in caught] == [__file__] * 2  # the lines that called sp_lab, not sp_lab's own
 
 
 def test_a_recommendation_without_noise_says_its_figures_and_why_it_cannot_judge_the_noise():
