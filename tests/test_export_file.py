@@ -150,7 +150,7 @@ def test_the_files_provenance_is_the_rows_and_the_choice(tmp_path):
     path = export_config(rows, CONFIG, tmp_path, chosen_in="the tuner", vllm_release="0.31")
     prov = json.loads(path.read_text())["provenance"]
     created = prov.pop("created_utc")
-    assert prov.pop("torch")  # the exporter's torch, not the rows' torch_version: left open here
+    assert prov.pop("torch") == "2.11.0"  # the rows' torch_version, not the exporting process's
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", created)
     per_token = {str(t): {"ran": "sp+async_tp" if t >= TUNED else "baseline",
                           "best": "sp+async_tp" if t >= TUNED else "baseline", "regret_rel": 0.0}

@@ -107,12 +107,15 @@ def tuned_config_filename(*, device_name: str, tp_size: int, model: str, dtype: 
 
 def export_tuned_config(config: LabConfig, *, directory: str | Path, device_name: str, model_spec: dict[str, Any],
                         dtype: Any, data_hash: str, extra_provenance: dict[str, Any] | None = None,
-                        vllm_release: str = DEFAULT_RELEASE, sections: dict[str, Any] | None = None) -> Path:
+                        vllm_release: str = DEFAULT_RELEASE, sections: dict[str, Any] | None = None,
+                        torch_version: str | None = None) -> Path:
     """Write ``config`` as one JSON file per device, TP size, model shape and dtype; return its path.
 
     ``model_spec``: ``ModelSpec.to_dict()`` (needs a ``"name"``); ``dtype``: ``torch.bfloat16`` or ``"bfloat16"``;
     ``data_hash``: hash of the benchmark rows the config was tuned on; ``sections``: derived sections
-    (``vllm`` with regrets, ``model_sp``, ``torch_compile``) computed from the rows.
+    (``vllm`` with regrets, ``model_sp``, ``torch_compile``) computed from the rows; ``torch_version``: the torch
+    the rows were measured with (default: this process's), which the file's ``torch`` names: rows measured with a
+    GPU machine's torch and exported on another machine were tuned on the former.
     """
     import torch
 
@@ -126,7 +129,7 @@ def export_tuned_config(config: LabConfig, *, directory: str | Path, device_name
         "tp_size": config.tp_size,
         "model": model_spec,
         "dtype": dtype_name,
-        "torch": torch.__version__,
+        "torch": torch_version or torch.__version__,
         "data_hash": data_hash,
         "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -194,6 +197,7 @@ def export_config(rows: pl.DataFrame, config: LabConfig, directory: str | Path, 
         data_hash=rows_hash,
         extra_provenance=provenance(rows, config, recommendation=recommendation, chosen_in=chosen_in),
         vllm_release=release,
+        torch_version=row.get("torch_version"),
         sections={"vllm": vllm, "model_sp": {**model_sp.to_dict(), **({"vllm": level.to_dict()} if level else {})},
                   "torch_compile": torch_compile_section(config, provenance=tuned_on),
                   **({"serving": traffic.to_dict()} if traffic is not None else {})},
