@@ -622,3 +622,16 @@ def test_rows_outside_the_complete_counts_and_a_second_threshold_that_still_lose
     assert second.policy.name == "baseline below 64, sp from 64, sp+async_tp from 512"
     chosen = rec.candidates.filter(pl.col("policy") == rec.policy.name)["total_regret"][0]
     assert second.gain == pytest.approx(chosen - (0.95 / 0.9 - 1)) and 0 < second.gain < chosen
+
+
+def test_of_policies_the_noise_cannot_tell_apart_that_rewrite_as_much_the_later_threshold_is_chosen():
+    """sp from 256 (two counts rewritten one level) and sp+async_tp from 1024 (one count, two levels) rewrite
+    equally and the 5% intervals cannot tell them apart: the later threshold runs the unrewritten program longer."""
+    table = {16: (100, 100, 101), 64: (100, 103, 110), 256: (110, 100, 110), 1024: (110, 110, 100)}
+    rows = pl.DataFrame([{"num_tokens": t, "variant": v, "latency_us": float(lat), "ci_low_us": lat * 0.95,
+                          "ci_high_us": lat * 1.05}
+                         for t, lats in table.items() for v, lat in zip(("baseline", "sp", "sp+async_tp"), lats,
+                                                                        strict=True)])
+    rec = recommend(rows, LabConfig())
+    assert "baseline below 256, sp from 256" in {p.name for p in rec.indistinguishable}
+    assert rec.policy.name == "baseline below 1024, sp+async_tp from 1024", rec.policy.name
