@@ -136,6 +136,14 @@ def test_the_crossover_compares_the_two_variants_asked_for_and_no_other():
     assert crossover.crossover_tokens(rows, "sp+async_tp", against="sp") is None
 
 
+def test_a_count_only_one_variant_was_timed_at_is_not_read_as_a_loss():
+    # a sweep still running: sp+async_tp timed at 32 tokens, baseline not yet; the crossover stays at 4
+    rows = _two_variants([20.0, 20.0, 9.0, 9.0], [20.0, 9.0, 9.0, 9.0])
+    more = pl.concat([rows, rows.filter((pl.col("variant") == "sp+async_tp") & (pl.col("num_tokens") == 8))
+                      .with_columns(num_tokens=pl.lit(32, rows.schema["num_tokens"]))])
+    assert crossover.crossover_tokens(more) == crossover.crossover_tokens(rows) == 4
+
+
 def test_the_crossover_names_the_variants_it_needs():
     rows = _two_variants([9.0] * 4, [9.0] * 4).filter(pl.col("variant") != "sp+async_tp")
     with pytest.raises(ValueError, match=r"rows need both 'sp\+async_tp' and 'baseline' rows; have \['baseline', 'sp', 'tuned'\]"):

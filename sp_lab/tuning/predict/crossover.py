@@ -55,11 +55,13 @@ class Crossover:
 
 def crossover_tokens(rows: pl.DataFrame, variant: str = SP_ASYNC_TP, against: str = BASELINE) -> int | None:
     """Smallest ``num_tokens`` of ``rows`` from which ``variant``'s latency is below ``against``'s at every
-    larger count (``None`` if it is not below at the largest)."""
+    larger count both were timed at (``None`` if it is not below at the largest). A count only one of the two has
+    says nothing about which is faster there, so it is left out rather than read as a loss."""
     wide = rows.filter(pl.col("variant").is_in([variant, against])).pivot(
         on="variant", index="num_tokens", values="latency_us").sort("num_tokens")
     if variant not in wide.columns or against not in wide.columns:
         raise ValueError(f"rows need both {variant!r} and {against!r} rows; have {sorted(rows['variant'].unique())}")
+    wide = wide.drop_nulls([variant, against])
     start = lasting_crossover(zip(wide["num_tokens"].to_list(), (wide[variant] < wide[against]).to_list(),
                                   strict=True))
     return None if start is None else int(start)
