@@ -47,6 +47,14 @@ def test_a_gate_tp_does_not_divide_rounds_up_to_whole_shard_rows():
     assert table.to_dict()["sp_min_tokens"] == 16 and table.to_dict()["sp_min_tokens_per_rank"] == 8
 
 
+def test_two_counts_on_the_same_shard_rows_that_disagree_give_one_answer_in_either_order():
+    """m = 125 and 128 both run 32 rows a rank at tp 4; fused wins at one and loses at the other. A loss there is
+    not outweighed by the win, whichever row comes first: the gate starts at the next count that wins."""
+    rows = [_matmul(125, 90.0, 100.0), _matmul(128, 110.0, 100.0), _matmul(256, 150.0, 200.0),
+            _matmul(1024, 500.0, 900.0)]
+    assert crossover_per_rank(pl.DataFrame(rows)) == crossover_per_rank(pl.DataFrame(rows[::-1])) == 64
+
+
 def test_per_matmul_rows_without_a_timing_are_left_out_and_padded_counts_are_what_ran():
     """A row whose fused (or unfused) time is missing says nothing: neither a loss that would move the gate nor a
     term of the regret. Where rows were padded (``m_padded``), the padded count is what ran on a rank."""

@@ -191,10 +191,15 @@ def min_tokens(k, n, dtype, tp):
 def lasting_crossover(points: Iterable[tuple[int, bool]]) -> int | None:
     """The smallest count of ``(count, wins)`` points from which ``wins`` holds at every larger count (``None``:
     it loses at the largest). A win below a later loss is noise, not a start. The one crossover scan: per-matmul
-    gates here and the performance model's crossovers (:func:`sp_lab.tuning.predict.crossover.crossover_tokens`)."""
+    gates here and the performance model's crossovers (:func:`sp_lab.tuning.predict.crossover.crossover_tokens`).
+    Points of one count (two token counts giving the same shard rows, a repeated measurement) win together only if
+    each wins: a loss there is not outweighed by a win, whatever the points' order."""
+    wins_at: dict[int, bool] = {}
+    for count, wins in points:
+        wins_at[count] = wins_at.get(count, True) and bool(wins)
     start = None
-    for count, wins in sorted(points, key=lambda p: p[0]):
-        start = (count if start is None else start) if wins else None
+    for count in sorted(wins_at):
+        start = (count if start is None else start) if wins_at[count] else None
     return start
 
 
