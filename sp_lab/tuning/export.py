@@ -48,7 +48,7 @@ from sp_lab.vllm_releases import (
     target_release,
     vllm_export,
 )
-from sp_lab.vocabulary import PREDICTED, REHEARSAL, SIMULATED
+from sp_lab.vocabulary import BASELINE, NEVER, PREDICTED, REHEARSAL, SIMULATED
 
 if TYPE_CHECKING:
     from sp_lab.config import LabConfig
@@ -214,9 +214,14 @@ def _serve_line(export: Any, section: dict[str, Any], model: str | None, tp: int
     written), naming what vLLM loads; ``None`` where there is no such model (``toy``)."""
     if model is None:
         return None
+    return export.serve_line(model, tp, choice=_closest_choice(section)) or None
+
+
+def _closest_choice(section: dict[str, Any]) -> str | None:
+    """The closest choice (``never`` / ``always``) with the least total regret that the release runs where it cannot
+    write the policy; ``None`` where it writes the policy itself."""
     closest = section.get("closest", {})
-    best = min(closest, key=lambda k: closest[k].get("regret", {}).get("total", 0.0), default=None)
-    return export.serve_line(model, tp, choice=best) or None
+    return min(closest, key=lambda k: closest[k].get("regret", {}).get("total", 0.0), default=None)
 
 
 def _model_level(table: ModelSpTable, release: str, architecture: str | None, dtype: str) -> Any:
@@ -293,7 +298,8 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
     regret = prov.get("regret", {})
     model_name = model or (prov.get("model") or {}).get("name", "MODEL")
     lines = [f"tuned config -> {path}",
-             (f"  policy: {policy.name}; regret on the {prov.get('sweep_rows', '?')} {prov.get('source', '')} rows: "
+             (f"  policy: {policy.name}; regret on the "
+              f"{' '.join(str(w) for w in (prov.get('sweep_rows', '?'), prov.get('source')) if w)} rows: "
               f"worst {_pct(regret.get('worst'))}, total {_pct(regret.get('total'))}"),
              (f"  tuned on: {prov.get('device')}{f' ({backend})' if (backend := prov.get('backend')) else ''}, "
               f"{model_name}, tp {prov.get('tp_size')}, "
@@ -353,6 +359,9 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
     if warning:
         lines.append("  next: measure on the GPUs you serve on: torchrun --nproc-per-node "
                      f"{config.tp_size} -m sp_lab run --model {model_name} --tp {config.tp_size} --dtype bfloat16")
+    elif policy.steps == Policy.constant(BASELINE).steps or _closest_choice(vllm) == NEVER:
+        lines.append("  next: the line above is the 'never' line itself, so there is no other line to compare it with; "
+                     "tune again if the model, the GPUs or the batch sizes change")
     else:
         lines.append("  next: serve with the line above and compare throughput with the same line for 'never'")
     return "\n".join(lines)
