@@ -62,7 +62,7 @@ _WARNS_AT_CALLER = "tests/test_policy.py::test_the_fusion_warning_points_at_the_
 
 TARGETS = {
     "paths": Target("sp_lab/paths.py", ("tests/test_paths.py",)),
-    "config": Target("sp_lab/config.py", ("tests/test_config.py",),
+    "config": Target("sp_lab/config.py", ("tests/test_config.py", "tests/test_config_values.py"),
                      deselect=("tests/test_config.py::test_effective_gloo_two_ranks",)),
     "policy": Target("sp_lab/tuning/policy.py", ("tests/test_policy.py",), deselect=(_WARNS_AT_CALLER,)),
     # traffic_regret is tested by the serving verdict's tests (less their 9 s prediction of a 7B model);
