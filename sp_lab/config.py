@@ -315,6 +315,9 @@ class LabConfig:
 
     def _check_range(self, compile_range: tuple[int, int]) -> None:
         lo, hi = compile_range
+        if lo > hi:
+            raise ValueError(f"compile range {compile_range} ends before it starts; use a range from "
+                             f"compile_ranges(): {self.compile_ranges()}")
         for name, gate in (("async_tp_min_tokens", self.async_tp_min_tokens), ("sp_min_tokens", self.sp_start)):
             if lo < gate <= hi:
                 raise ValueError(

@@ -259,3 +259,12 @@ def test_an_edited_vllm_section_is_refused(release, edit, message):
     assert str(err.value).endswith(
         "; the vllm section is derived from sp_lab -- edit the sp_lab section (or delete the vllm section)"
     )
+
+
+def test_a_range_that_ends_before_it_starts_is_refused_naming_the_ranges_there_are():
+    config = LabConfig(async_tp_min_tokens=256, max_num_tokens=8192)
+    for active in (config.sp_active_for, config.async_tp_active_for):
+        with pytest.raises(ValueError, match=r"compile range \(300, 100\) ends before it starts; use a range from "
+                                             r"compile_ranges\(\): \[\(1, 255\), \(256, 8192\)\]"):
+            active((300, 100))
+
