@@ -138,3 +138,32 @@ def test_a_closest_choice_without_its_regret_says_na(tmp_path):
 def test_a_string_that_cannot_name_a_file_is_a_config_error_naming_a_tuned_config():
     with pytest.raises(ConfigError, match="^tuned config: 'a\\\\nb' is neither JSON text"):
         describe_file("a\nb")
+
+
+def test_where_never_loses_less_than_always_the_serve_line_is_nevers(tmp_path):
+    """Fusion pays only at 4096 tokens: 'never' loses 25% there (25% in all), 'always' 10% at each of the four
+    smaller sizes (40%); vLLM 0.15 serves never's line, and there is then nothing to compare it with."""
+    rows = _sweep_rows("llama-3-70b").with_columns(
+        latency_us=pl.when((pl.col("variant") == "sp+async_tp") & (pl.col("num_tokens") < 4096))
+        .then(110.0).otherwise(pl.col("latency_us")))
+    config = LabConfig(tp_size=4, async_tp_min_tokens=4096, max_num_tokens=8192)
+    lines = _lines(describe_file(export_config(rows, config, tmp_path, chosen_in="test", vllm_release="0.15")))
+    assert lines[4:6] == ["closest it can run: never (worst 25.0%, total 25.0%)",
+                          "closest it can run: always (worst 10.0%, total 40.0%)"]
+    assert lines[6] == ("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 --compilation-config "
+                        """'{"mode":3,"pass_config":{"enable_sp":false,"fuse_gemm_comms":false},"cudagraph_mode":"NONE"}'""")
+    assert lines[-1].startswith("next: the line above is the 'never' line itself")
+
+
+def test_closest_choices_without_their_regret_serve_the_first_never(tmp_path):
+    """A file whose closest choices carry no regret (written before it was computed) cannot rank them: the
+    description says n/a and serves the first, 'never'."""
+    def drop_regret(doc):
+        for choice in doc["vllm"]["closest"].values():
+            choice.pop("regret")
+
+    lines = _lines(describe_file(_edited(tmp_path, drop_regret, release="0.15")))
+    assert lines[4:6] == ["closest it can run: never (worst n/a, total n/a)",
+                          "closest it can run: always (worst n/a, total n/a)"]
+    assert lines[6].startswith("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 --compilation-config "
+                               """'{"mode":3,"pass_config":{"enable_sp":false""")
