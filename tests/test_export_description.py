@@ -3,6 +3,7 @@ section and no model vLLM can load, a release with two closest choices, a releas
 and files written by hand or by an older sp_lab (fields missing or changed)."""
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -167,3 +168,13 @@ def test_closest_choices_without_their_regret_serve_the_first_never(tmp_path):
                           "closest it can run: always (worst n/a, total n/a)"]
     assert lines[6].startswith("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 --compilation-config "
                                """'{"mode":3,"pass_config":{"enable_sp":false""")
+
+
+def test_a_file_without_its_vllm_section_is_refused_naming_the_file_and_how_to_write_it_again(tmp_path):
+    path = export_config(_sweep_rows("llama-3-70b"), CONFIG, tmp_path, chosen_in="test", vllm_release="0.31")
+    doc = json.loads(path.read_text())
+    for edit in ({k: v for k, v in doc.items() if k != "vllm"}, {**doc, "vllm": {"does": "hand-written"}}):
+        path.write_text(json.dumps(edit))
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: no vllm section with its release .*"
+                                              r"python -m sp_lab export --store DIR"):
+            describe_file(path)

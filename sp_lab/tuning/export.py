@@ -307,8 +307,11 @@ def describe_file(path: str | Path, *, model: str | None = None) -> str:
     warning = _cannot_answer(prov)
     if warning:
         lines.append(f"  WARNING: tuned on {warning}.")
-    vllm = doc.get("vllm", {})
-    release = str(vllm.get("release", "?"))
+    vllm = doc.get("vllm")
+    if not isinstance(vllm, dict) or "release" not in vllm:
+        raise ConfigError(f"{path}: no vllm section with its release (a file written by hand or by another tool); "
+                          "export it again from its rows: python -m sp_lab export --store DIR ...")
+    release = str(vllm["release"])
     origin = "installed here" if release == _installed_table_release() else "newest known" \
         if release == DEFAULT_RELEASE else "chosen"
     export = vllm_export(config, release)
