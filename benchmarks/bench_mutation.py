@@ -81,7 +81,8 @@ TARGETS = {
     # left out, so what only it reaches (the serving answer's rows-hash refusal) counts against the score here.
     "export": Target("sp_lab/tuning/export.py", ("tests/test_config.py", "tests/test_model_sp.py",
                                                 "tests/test_exports_applied.py", "tests/test_vllm_releases.py",
-                                                "tests/test_export_file.py"),
+                                                "tests/test_export_file.py", "tests/test_export_description.py",
+                                                "tests/test_export_provenance.py"),
                      deselect=("tests/test_config.py::test_effective_gloo_two_ranks",
                                f"tests/test_exports_applied.py::{_COMPILES_SNIPPET}")),
     "crossover": Target("sp_lab/tuning/predict/crossover.py", ("tests/test_crossover.py",)),
